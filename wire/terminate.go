@@ -60,7 +60,7 @@ func (e *TermError) Error() string {
 // Is makes errors.Is match on the three fields.
 func (e *TermError) Is(target error) bool {
 	t, ok := target.(*TermError)
-	return ok && *t == *e
+	return ok && t != nil && *t == *e
 }
 
 // The errors of the RFCs' tables that gowarp detects or may receive.
@@ -158,39 +158,39 @@ type Terminate struct {
 	Rest []byte
 }
 
-// NewTerminate returns the Terminate that reports err about the segment
-// whose ULPDU is hdr (nil when none is to be echoed). Following RFC 5040
-// §7.1 and siw: DDP errors and RDMAP remote-operation errors echo the DDP
-// header; RDMAP protection errors also echo the Read Request body; no header
-// is echoed when the header's layout could not be trusted (bad version or
-// opcode) or for MPA and catastrophic errors. The echoed length field holds
-// the DDP segment's payload length. b is scratch space for Rest.
-func NewTerminate(err *TermError, ulpdu []byte, b []byte) Terminate {
+// NewTerminate returns the Terminate that reports err about the FPDU whose
+// ULPDU begins with head (nil when none is to be echoed) and is ulpduLen
+// bytes long; head needs only hold the DDP/RDMAP header and Read Request
+// body. Following RFC 5040 §7.1 and siw: DDP errors and RDMAP
+// remote-operation errors echo the DDP header; RDMAP protection errors on a
+// Read Request also echo its body; nothing is echoed when the header's
+// layout cannot be trusted (bad version or opcode), nor for MPA and
+// catastrophic errors. The echoed length field holds the DDP segment's
+// payload length. scratch is space for Rest.
+func NewTerminate(err *TermError, head []byte, ulpduLen int, scratch []byte) Terminate {
 	t := Terminate{Err: *err}
-	if ulpdu == nil || err.Layer == LayerMPA ||
+	if head == nil || err.Layer == LayerMPA ||
 		err.Type == 0 || *err == *ErrRDMAPVersion || *err == *ErrRDMAPOpcode ||
 		*err == *ErrDDPTaggedVersion || *err == *ErrDDPUntaggedVersion {
 		return t
 	}
-	h, n, perr := ParseHeader(ulpdu)
+	h, n, perr := ParseHeader(head)
 	if perr != nil {
 		return t
 	}
 	echo := n
-	if err.Layer == LayerRDMAP && err.Type == RDMAPRemoteProtection && h.Opcode == OpReadRequest && len(ulpdu) >= n+ReadRequestLen {
+	if err.Layer == LayerRDMAP && err.Type == RDMAPRemoteProtection && h.Opcode == OpReadRequest && len(head) >= n+ReadRequestLen {
 		echo += ReadRequestLen
 		t.HasRDMAHeader = true
 	}
-	payload := len(ulpdu) - n
+	payload := ulpduLen - n
 	if h.Opcode.Info().Valid {
 		payload -= h.Opcode.Info().Extra
 	}
-	if payload < 0 {
-		payload = 0
-	}
+	payload = max(payload, 0)
 	t.SegLenValid, t.HasDDPHeader = true, true
-	b = binary.BigEndian.AppendUint16(b[:0], uint16(payload))
-	t.Rest = append(b, ulpdu[:echo]...)
+	scratch = binary.BigEndian.AppendUint16(scratch[:0], uint16(payload))
+	t.Rest = append(scratch, head[:echo]...)
 	return t
 }
 
@@ -214,7 +214,8 @@ func (t *Terminate) Append(b []byte) []byte {
 }
 
 // ParseTerminate decodes a Terminate body (the bytes after the untagged
-// DDP header).
+// DDP header). It returns ErrTerminateFormat when the body is shorter than
+// its control word, or than the parts its M, D and R flags announce.
 func ParseTerminate(b []byte) (Terminate, int, error) {
 	if len(b) < terminateCtlLen {
 		return Terminate{}, 0, ErrTerminateFormat
@@ -230,7 +231,36 @@ func ParseTerminate(b []byte) (Terminate, int, error) {
 	if rest := b[terminateCtlLen:]; len(rest) > 0 {
 		t.Rest = rest
 	}
+	if len(t.Rest) < t.restLen() {
+		return Terminate{}, 0, ErrTerminateFormat
+	}
 	return t, len(b), nil
+}
+
+// restLen returns how many bytes of Rest the flags call for: with M, D or R
+// the 2-byte segment length; with D the echoed DDP header, 14 or 18 bytes as
+// its T bit says; with R and an echoed Read Request its 28-byte body. (siw
+// also sets R when it echoes a Send, with no RDMAP header, so R demands
+// nothing on its own.)
+func (t *Terminate) restLen() int {
+	if !t.SegLenValid && !t.HasDDPHeader && !t.HasRDMAHeader {
+		return 0
+	}
+	n := 2
+	if !t.HasDDPHeader {
+		return n
+	}
+	if len(t.Rest) < 2+2 {
+		return 2 + TaggedHeaderLen // the shorter header; not there either
+	}
+	if t.Rest[2]&ddpTagged != 0 {
+		return n + TaggedHeaderLen
+	}
+	n += UntaggedHeaderLen
+	if t.HasRDMAHeader && Opcode(t.Rest[3]&0xf) == OpReadRequest {
+		n += ReadRequestLen
+	}
+	return n
 }
 
 // SegmentLength returns the echoed DDP segment length, if M is set.
