@@ -1,0 +1,284 @@
+// Package cm is gowarp's MPA connection setup (RFC 5044 §7.1, RFC 6581):
+// the request/reply exchange on a fresh TCP connection that settles CRC,
+// IRD/ORD, the ready-to-receive message and the private data, before the
+// connection carries FPDUs.
+package cm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/gowarp/gowarp/wire"
+)
+
+// Errors of connection setup.
+var (
+	ErrRejected        = errors.New("gowarp: connection rejected by peer")
+	ErrMarkers         = errors.New("gowarp: peer wants MPA markers, which gowarp does not support")
+	ErrRevision        = errors.New("gowarp: unsupported MPA revision")
+	ErrProtocol        = errors.New("gowarp: MPA protocol error")
+	ErrPrivateDataLong = errors.New("gowarp: private data too long")
+	ErrInsufficientIRD = errors.New("gowarp: peer's IRD/ORD cannot be met")
+)
+
+// RejectedError is returned when the peer rejects a connection; it carries
+// the peer's private data and matches ErrRejected.
+type RejectedError struct{ PrivateData []byte }
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("gowarp: connection rejected by peer (%d bytes of private data)", len(e.PrivateData))
+}
+func (e *RejectedError) Is(t error) bool { return t == ErrRejected }
+
+// MaxIRDORD is the most inbound or outbound Reads a gowarp connection
+// allows outstanding (siw's limit too).
+const MaxIRDORD = 128
+
+// Options are one side's wishes.
+type Options struct {
+	Revision    int  // 1 or 2 (default 2)
+	CRC         bool // ask for CRC; the peer may ask too, then it is on
+	IRD, ORD    int  // inbound and outbound Read limits (default 16)
+	PrivateData []byte
+	// NoP2P keeps an initiator from offering peer-to-peer mode: without
+	// it the initiator must send the first FPDU, as rping and perftest do.
+	NoP2P bool
+}
+
+func (o *Options) defaults() {
+	if o.Revision == 0 {
+		o.Revision = 2
+	}
+	if o.IRD == 0 {
+		o.IRD = 16
+	}
+	if o.ORD == 0 {
+		o.ORD = 16
+	}
+	o.IRD, o.ORD = min(o.IRD, MaxIRDORD), min(o.ORD, MaxIRDORD)
+}
+
+func (o *Options) check() error {
+	if o.Revision != 1 && o.Revision != 2 {
+		return fmt.Errorf("%w: %d", ErrRevision, o.Revision)
+	}
+	max := wire.MaxMPAPrivateData
+	if o.Revision == 2 {
+		max -= 4
+	}
+	if len(o.PrivateData) > max {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrPrivateDataLong, len(o.PrivateData), max)
+	}
+	return nil
+}
+
+// Result is what negotiation settled, from this side's point of view.
+type Result struct {
+	Revision    int
+	CRC         bool
+	IRD, ORD    int
+	SendRTR     wire.RTR // the RTR this side must send first (initiator)
+	HoldTx      bool     // send nothing before the peer's first FPDU (responder)
+	PrivateData []byte   // the peer's
+}
+
+// replyTimeout bounds the wait for a reply (siw waits 10 s) and for a
+// request on an accepted connection (siw: 5 s), where ctx sets no deadline.
+const replyTimeout = 10 * time.Second
+
+func deadline(ctx context.Context, c net.Conn) func() {
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(replyTimeout)
+	}
+	c.SetDeadline(d)
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	return func() {
+		stop()
+		c.SetDeadline(time.Time{})
+	}
+}
+
+// readFrame reads exactly one MPA request or reply, no byte more: what
+// follows belongs to the FPDU stream.
+func readFrame(c net.Conn) (wire.MPAFrame, error) {
+	var hdr [wire.MPAHeaderLen]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return wire.MPAFrame{}, err
+	}
+	n, err := wire.MPAFrameLen(hdr[:])
+	if err != nil {
+		return wire.MPAFrame{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	b := make([]byte, n)
+	copy(b, hdr[:])
+	if _, err := io.ReadFull(c, b[wire.MPAHeaderLen:]); err != nil {
+		return wire.MPAFrame{}, err
+	}
+	f, _, err := wire.ParseMPAFrame(b)
+	if err != nil {
+		return wire.MPAFrame{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	return f, nil
+}
+
+func writeFrame(c net.Conn, f *wire.MPAFrame) error {
+	b, err := f.Append(nil)
+	if err != nil {
+		return err
+	}
+	_, err = c.Write(b)
+	return err
+}
+
+// Initiate runs the initiator's side on a connected socket: it sends the
+// request and reads the reply.
+func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
+	o.defaults()
+	if err := o.check(); err != nil {
+		return Result{}, err
+	}
+	defer deadline(ctx, c)()
+	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
+	if o.Revision == 2 {
+		req.Enhanced = true
+		req.IRD, req.ORD = uint16(o.IRD), uint16(o.ORD)
+		if !o.NoP2P {
+			req.P2P, req.RTR = true, wire.RTRWrite|wire.RTRRead
+		}
+	}
+	if err := writeFrame(c, &req); err != nil {
+		return Result{}, ctxErr(ctx, err)
+	}
+	rep, err := readFrame(c)
+	if err != nil {
+		return Result{}, ctxErr(ctx, err)
+	}
+	switch {
+	case !rep.Reply:
+		return Result{}, fmt.Errorf("%w: a request where the reply was due", ErrProtocol)
+	case rep.Reject:
+		return Result{}, &RejectedError{PrivateData: rep.PrivateData}
+	case rep.Markers:
+		return Result{}, ErrMarkers
+	case int(rep.Revision) != o.Revision:
+		return Result{}, fmt.Errorf("%w: asked for revision %d, reply has %d", ErrRevision, o.Revision, rep.Revision)
+	case o.Revision == 2 && !rep.Enhanced:
+		return Result{}, fmt.Errorf("%w: revision 2 reply without IRD/ORD", ErrProtocol)
+	}
+	r := Result{Revision: o.Revision, CRC: o.CRC || rep.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: rep.PrivateData}
+	if rep.Enhanced {
+		// The responder's ORD is how many Reads it may send us: our IRD
+		// must cover it. Its IRD caps our ORD.
+		if int(rep.ORD) > MaxIRDORD {
+			return Result{}, fmt.Errorf("%w: responder ORD %d exceeds %d", ErrInsufficientIRD, rep.ORD, MaxIRDORD)
+		}
+		r.IRD = max(r.IRD, int(rep.ORD))
+		r.ORD = min(r.ORD, int(rep.IRD))
+		if req.P2P && rep.P2P {
+			switch {
+			case rep.RTR&wire.RTRWrite != 0:
+				r.SendRTR = wire.RTRWrite
+			case rep.RTR&wire.RTRRead != 0:
+				r.SendRTR = wire.RTRRead
+			default:
+				return Result{}, fmt.Errorf("%w: peer-to-peer reply chose no RTR we offered (%v)", ErrProtocol, rep.RTR)
+			}
+		}
+	}
+	return r, nil
+}
+
+// Request is a connection request read by a responder.
+type Request struct {
+	c     net.Conn
+	Frame wire.MPAFrame
+}
+
+// PrivateData returns the initiator's private data.
+func (r *Request) PrivateData() []byte { return r.Frame.PrivateData }
+
+// ReadRequest reads the initiator's request on an accepted socket. A
+// request gowarp cannot serve (markers, unknown revision) is rejected here
+// and reported as an error.
+func ReadRequest(ctx context.Context, c net.Conn) (*Request, error) {
+	stop := deadline(ctx, c)
+	f, err := readFrame(c)
+	stop()
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	if f.Reply {
+		return nil, fmt.Errorf("%w: a reply where the request was due", ErrProtocol)
+	}
+	req := &Request{c: c, Frame: f}
+	switch {
+	case f.Markers:
+		req.reject(nil, f.Revision)
+		return nil, ErrMarkers
+	case f.Revision != 1 && f.Revision != 2:
+		return nil, fmt.Errorf("%w: request has revision %d", ErrRevision, f.Revision)
+	}
+	return req, nil
+}
+
+// Accept answers the request with a reply and returns what was settled.
+func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
+	o.Revision = int(r.Frame.Revision)
+	o.defaults()
+	if err := o.check(); err != nil {
+		return Result{}, err
+	}
+	defer deadline(ctx, r.c)()
+	f := &r.Frame
+	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.IRD, ORD: o.ORD, HoldTx: true, PrivateData: f.PrivateData}
+	rep := wire.MPAFrame{Reply: true, CRC: res.CRC, Revision: f.Revision, PrivateData: o.PrivateData}
+	if f.Enhanced && f.Revision == 2 {
+		// siw's relaxed rule: our ORD is capped by the initiator's IRD, and
+		// our IRD lifted to its ORD.
+		res.ORD = min(res.ORD, int(f.IRD))
+		res.IRD = min(max(res.IRD, int(f.ORD)), MaxIRDORD)
+		rep.Enhanced = true
+		rep.IRD, rep.ORD = uint16(res.IRD), uint16(res.ORD)
+		if f.P2P {
+			switch {
+			case f.RTR&wire.RTRWrite != 0:
+				rep.P2P, rep.RTR = true, wire.RTRWrite
+			case f.RTR&wire.RTRRead != 0:
+				rep.P2P, rep.RTR = true, wire.RTRRead
+			}
+		}
+	}
+	if err := writeFrame(r.c, &rep); err != nil {
+		return Result{}, ctxErr(ctx, err)
+	}
+	return res, nil
+}
+
+// Reject answers the request with a rejection carrying private data.
+func (r *Request) Reject(privateData []byte) error {
+	if len(privateData) > wire.MaxMPAPrivateData-4 {
+		return fmt.Errorf("%w: %d bytes", ErrPrivateDataLong, len(privateData))
+	}
+	return r.reject(privateData, r.Frame.Revision)
+}
+
+func (r *Request) reject(pd []byte, rev uint8) error {
+	rep := wire.MPAFrame{Reply: true, Reject: true, Revision: rev, PrivateData: pd}
+	if r.Frame.Enhanced && rev == 2 {
+		rep.Enhanced = true
+	}
+	r.c.SetWriteDeadline(time.Now().Add(replyTimeout))
+	return writeFrame(r.c, &rep)
+}
+
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+	return err
+}

@@ -1,0 +1,113 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// ErrCQOverrun means completions were lost because the queue was full; the
+// queue pairs that overran it are in error.
+var ErrCQOverrun = errors.New("gowarp: completion queue overrun")
+
+// CQ is a completion queue, shared by any number of queue pairs.
+type CQ struct {
+	mu      sync.Mutex
+	ring    []Completion
+	head, n int
+	overrun bool
+	// notify holds a token while completions may be waiting, so one
+	// waiter wakes per burst without a goroutine or allocation per entry.
+	notify chan struct{}
+}
+
+// NewCQ returns a completion queue holding up to depth completions.
+func NewCQ(depth int) *CQ {
+	if depth < 1 {
+		depth = 1
+	}
+	return &CQ{ring: make([]Completion, depth), notify: make(chan struct{}, 1)}
+}
+
+// Cap returns the queue's depth.
+func (cq *CQ) Cap() int { return len(cq.ring) }
+
+// push appends c; it reports false (and marks the queue overrun) when full.
+func (cq *CQ) push(c *Completion) bool {
+	cq.mu.Lock()
+	if cq.n == len(cq.ring) {
+		cq.overrun = true
+		cq.mu.Unlock()
+		return false
+	}
+	i := cq.head + cq.n
+	if i >= len(cq.ring) {
+		i -= len(cq.ring)
+	}
+	cq.ring[i] = *c
+	cq.n++
+	cq.mu.Unlock()
+	select {
+	case cq.notify <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Poll moves up to len(out) completions into out and returns how many. It
+// never blocks.
+func (cq *CQ) Poll(out []Completion) int {
+	cq.mu.Lock()
+	k := min(len(out), cq.n)
+	for j := range k {
+		out[j] = cq.ring[cq.head]
+		cq.ring[cq.head] = Completion{}
+		cq.head++
+		if cq.head == len(cq.ring) {
+			cq.head = 0
+		}
+	}
+	cq.n -= k
+	left := cq.n
+	cq.mu.Unlock()
+	if left > 0 {
+		// Pass the wake-up on to another waiter.
+		select {
+		case cq.notify <- struct{}{}:
+		default:
+		}
+	}
+	return k
+}
+
+// Len returns the number of completions waiting.
+func (cq *CQ) Len() int {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.n
+}
+
+// Wait blocks until at least one completion is waiting or ctx is done. It
+// returns ErrCQOverrun once the queue has overrun.
+func (cq *CQ) Wait(ctx context.Context) error {
+	for {
+		cq.mu.Lock()
+		n, over := cq.n, cq.overrun
+		cq.mu.Unlock()
+		if over {
+			return ErrCQOverrun
+		}
+		if n > 0 {
+			return nil
+		}
+		select {
+		case <-cq.notify:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Notify returns a channel that receives a token when completions arrive,
+// for use in a select. Drain with Poll after each token.
+func (cq *CQ) Notify() <-chan struct{} { return cq.notify }

@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"errors"
+	"net"
+)
+
+// errWouldBlock is returned by a non-blocking Writev that could write nothing.
+var errWouldBlock = errors.New("engine: write would block")
+
+// Link is the byte stream under a queue pair: a TCP connection after MPA
+// negotiation. The engine reads and writes it from one receive and one
+// transmit path; a Link need not be safe for concurrent Readv or
+// concurrent Writev calls, but a Readv and a Writev may run at once.
+type Link interface {
+	// Readv reads into bufs in order and returns the number of bytes read,
+	// blocking until at least one byte arrives.
+	Readv(bufs [][]byte) (int, error)
+	// Writev writes bufs in order. With block false it writes what the
+	// socket takes now and returns errWouldBlock if that is nothing; with
+	// block true it waits until some bytes are written. Short writes are
+	// normal: the caller resumes.
+	Writev(bufs [][]byte, block bool) (int, error)
+	// Unacked returns the bytes written but not yet acknowledged by the
+	// peer (unsent plus unacknowledged), or an error where unknown.
+	Unacked() (int, error)
+	// MSS returns the TCP maximum segment size, or 0 where unknown.
+	MSS() int
+	// Close closes the connection; blocked Readv and Writev calls return.
+	Close() error
+	// Conn returns the underlying connection.
+	Conn() net.Conn
+}
+
+// streamLink is the portable Link over any net.Conn: reads land in the first
+// buffer only and writes block. NewLink uses it where no socket descriptor
+// is available (net.Pipe in tests, non-Linux systems).
+type streamLink struct {
+	c    net.Conn
+	bufs net.Buffers
+}
+
+func (l *streamLink) Readv(bufs [][]byte) (int, error) {
+	for _, b := range bufs {
+		if len(b) > 0 {
+			return l.c.Read(b)
+		}
+	}
+	return 0, nil
+}
+
+func (l *streamLink) Writev(bufs [][]byte, block bool) (int, error) {
+	l.bufs = append(l.bufs[:0], bufs...)
+	n, err := l.bufs.WriteTo(l.c)
+	clear(l.bufs[:cap(l.bufs)])
+	return int(n), err
+}
+
+func (l *streamLink) Unacked() (int, error) { return 0, errors.ErrUnsupported }
+func (l *streamLink) MSS() int              { return 0 }
+func (l *streamLink) Close() error          { return l.c.Close() }
+func (l *streamLink) Conn() net.Conn        { return l.c }

@@ -1,0 +1,590 @@
+// Package engine is gowarp's queue-pair engine: QP state, the transmit and
+// receive paths over a Link, the inbound and outbound Read queues (IRQ and
+// ORQ), placement into registered memory and completion generation.
+//
+// A QP has one receive goroutine and one transmit goroutine. A post runs
+// the transmit path in the caller's goroutine when nothing is queued ahead
+// of it and the socket takes the bytes without blocking; otherwise the
+// transmit goroutine carries on. Whoever holds the transmit role (txBusy)
+// is the only writer to the socket.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gowarp/gowarp/internal/mem"
+	"github.com/gowarp/gowarp/wire"
+)
+
+// State is a queue pair's state.
+type State int32
+
+const (
+	StateIdle       State = iota // created, not connected
+	StateConnecting              // MPA negotiation under way
+	StateReady                   // connected: work flows
+	StateClosing                 // disconnect requested, draining
+	StateError                   // failed or closed: work is flushed
+)
+
+func (s State) String() string {
+	return [...]string{"idle", "connecting", "ready", "closing", "error"}[s]
+}
+
+// CompletionMode chooses when a signaled Send or Write completes.
+type CompletionMode uint8
+
+const (
+	// Handed completes a Send or Write once the socket has taken all its
+	// bytes. The buffer may then be reused only if the application can
+	// tolerate a retransmission carrying the new bytes (with CRC on, the
+	// peer would see a CRC error); in practice: do not change it until a
+	// later exchange with the peer shows the data arrived.
+	Handed CompletionMode = iota
+	// Acked completes a Send or Write once the kernel's send queue shows
+	// every byte of it acknowledged by the peer's TCP (SIOCOUTQ). From then
+	// on the buffer may be changed freely: TCP will never send it again.
+	Acked
+)
+
+func (m CompletionMode) String() string {
+	if m == Acked {
+		return "acked"
+	}
+	return "handed"
+}
+
+// Errors of the queue pair.
+var (
+	ErrNotReady       = errors.New("gowarp: queue pair is not connected")
+	ErrQueueFull      = errors.New("gowarp: work queue is full")
+	ErrTooManySGE     = fmt.Errorf("gowarp: more than %d scatter/gather entries", MaxSGE)
+	ErrBadOp          = errors.New("gowarp: invalid work request opcode")
+	ErrLocalAccess    = errors.New("gowarp: local memory access violation")
+	ErrPeerTerminated = errors.New("gowarp: peer terminated the connection")
+	ErrTerminated     = errors.New("gowarp: terminated the connection")
+	ErrPeerClosed     = errors.New("gowarp: peer closed the connection")
+	ErrClosed         = errors.New("gowarp: queue pair closed")
+	ErrLinkLost       = errors.New("gowarp: connection lost")
+	ErrTooLong        = errors.New("gowarp: message longer than 4 GiB")
+)
+
+// Config fixes a queue pair's resources at creation.
+type Config struct {
+	SendDepth, RecvDepth int
+	SendCQ, RecvCQ       *CQ
+	PD                   uint32
+	Table                *mem.Table
+	Completion           CompletionMode
+	// AsyncOnly makes every post hand its work to the transmit goroutine
+	// instead of transmitting in the caller's goroutine (for comparison).
+	AsyncOnly bool
+	Logger    *slog.Logger
+}
+
+// Params are what MPA negotiation settled.
+type Params struct {
+	CRC bool
+	// IRD is how many inbound Reads may be outstanding, ORD outbound.
+	IRD, ORD int
+	// SendRTR is the ready-to-receive message this side (the initiator in
+	// peer-to-peer mode) sends first; zero for none.
+	SendRTR wire.RTR
+	// HoldTx makes the responder send nothing until the initiator's first
+	// FPDU arrives (RFC 5044 §7.1.2).
+	HoldTx bool
+	// MaxFPDU is the size on the wire of a full FPDU; 0 sizes FPDUs to
+	// the TCP segment, as siw does.
+	MaxFPDU int
+}
+
+type sqEntry struct {
+	wr     SendWR // wr.SGL is nil: the SGEs are in sges
+	sges   [MaxSGE]SGE
+	nsge   int
+	length int
+	endOff uint64 // stream offset past the last byte, once framed
+	framed bool
+	done   bool
+	status Status
+	// Reads: one Read Request per SGE; readsLeft counts unanswered ones.
+	readsLeft int
+	msn       uint32 // Sends and Reads: MSN of the (first) message
+}
+
+type rqEntry struct {
+	id     uint64
+	sges   [MaxSGE]SGE
+	nsge   int
+	length int
+}
+
+// orqEntry is one outstanding outbound Read Request.
+type orqEntry struct {
+	sq       *sqEntry
+	sge      SGE
+	sinkSTag uint32
+	sinkTO   uint64
+	placed   int
+}
+
+// irqEntry is one inbound Read Request waiting to be answered.
+type irqEntry struct {
+	region   *mem.Region
+	srcOff   uint64
+	size     int
+	sinkSTag uint32
+	sinkTO   uint64
+	sent     int
+}
+
+// QP is a reliable-connected queue pair.
+type QP struct {
+	cfg    Config
+	params Params
+	link   Link
+	log    *slog.Logger
+
+	mu    sync.Mutex
+	state atomic.Int32
+	err   error
+
+	sq                           []sqEntry
+	sqHead, sqDone, sqTx, sqTail uint64
+
+	rq             []rqEntry
+	rqHead, rqTail uint64
+
+	orq              []orqEntry
+	orqHead, orqTail uint64
+
+	irq              []irqEntry
+	irqHead, irqTail uint64
+
+	termPending *wire.Terminate
+	termScratch [64]byte
+
+	// Transmit role: held by one goroutine at a time.
+	txBusy   bool
+	txAgain  bool // work arrived while the role was held
+	txHanded bool // the role was passed to the transmit goroutine
+	txWake   chan struct{}
+	tx       txState
+
+	rx     rxState
+	peerUp atomic.Bool // the peer's first FPDU has arrived
+
+	done    chan struct{}
+	wg      sync.WaitGroup
+	closing sync.Once
+}
+
+// NewQP returns an idle queue pair.
+func NewQP(cfg Config) (*QP, error) {
+	if cfg.SendDepth < 1 || cfg.RecvDepth < 1 {
+		return nil, errors.New("gowarp: queue depths must be at least 1")
+	}
+	if cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Table == nil {
+		return nil, errors.New("gowarp: queue pair needs completion queues and an STag table")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	q := &QP{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		sq:     make([]sqEntry, cfg.SendDepth),
+		rq:     make([]rqEntry, cfg.RecvDepth),
+		txWake: make(chan struct{}, 1),
+		done:   make(chan struct{}),
+	}
+	return q, nil
+}
+
+// State returns the queue pair's state.
+func (q *QP) State() State { return State(q.state.Load()) }
+
+// Err returns why the queue pair left the ready state, or nil.
+func (q *QP) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// Params returns the negotiated connection parameters.
+func (q *QP) Params() Params { return q.params }
+
+// Link returns the queue pair's link, nil before Start.
+func (q *QP) Link() Link { return q.link }
+
+// SetConnecting marks the queue pair as negotiating.
+func (q *QP) SetConnecting() {
+	q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting))
+}
+
+// Start moves an idle or connecting queue pair to ready over link, with
+// the negotiated parameters, and starts its receive and transmit paths.
+func (q *QP) Start(link Link, p Params) error {
+	q.mu.Lock()
+	s := q.State()
+	if s != StateIdle && s != StateConnecting {
+		q.mu.Unlock()
+		return fmt.Errorf("gowarp: cannot start a queue pair in state %s", s)
+	}
+	p.IRD = roundQueue(p.IRD)
+	p.ORD = roundQueue(p.ORD)
+	q.params = p
+	q.link = link
+	q.orq = make([]orqEntry, p.ORD)
+	q.irq = make([]irqEntry, p.IRD)
+	q.tx.init(q, link)
+	q.rx.init(q)
+	if !p.HoldTx {
+		q.peerUp.Store(true)
+	}
+	q.state.Store(int32(StateReady))
+	q.mu.Unlock()
+	q.wg.Add(2)
+	go q.rxLoop()
+	go q.txLoop()
+	if p.SendRTR != 0 {
+		q.kick()
+	}
+	return nil
+}
+
+// roundQueue sizes an IRQ or ORQ: at least one slot, at most 128.
+func roundQueue(n int) int { return max(1, min(n, 128)) }
+
+// PostSend queues a send-queue work request.
+func (q *QP) PostSend(wr *SendWR) error {
+	if len(wr.SGL) > MaxSGE {
+		return ErrTooManySGE
+	}
+	total := 0
+	switch wr.Op {
+	case OpSend, OpSendInv, OpWrite, OpRead:
+	default:
+		return ErrBadOp
+	}
+	for i := range wr.SGL {
+		s := &wr.SGL[i]
+		if err := checkLocal(s, wr.Op == OpRead); err != nil {
+			return err
+		}
+		total += s.Length
+	}
+	if total > 1<<32-1 {
+		return ErrTooLong
+	}
+	q.mu.Lock()
+	if s := q.State(); s != StateReady {
+		err := q.err
+		q.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrNotReady, err)
+		}
+		return ErrNotReady
+	}
+	if q.sqTail-q.sqHead == uint64(len(q.sq)) {
+		q.mu.Unlock()
+		return ErrQueueFull
+	}
+	e := &q.sq[q.sqTail%uint64(len(q.sq))]
+	*e = sqEntry{wr: *wr, length: total}
+	e.wr.SGL = nil
+	e.nsge = copy(e.sges[:], wr.SGL)
+	for i := range e.nsge {
+		e.sges[i].MR.Acquire()
+	}
+	if wr.Op == OpRead {
+		e.readsLeft = max(1, e.nsge)
+	}
+	q.sqTail++
+	q.kickLocked()
+	return nil
+}
+
+// PostRecv queues a receive buffer. Receives may be posted before the
+// queue pair is connected.
+func (q *QP) PostRecv(wr *RecvWR) error {
+	if len(wr.SGL) > MaxSGE {
+		return ErrTooManySGE
+	}
+	total := 0
+	for i := range wr.SGL {
+		if err := checkLocal(&wr.SGL[i], true); err != nil {
+			return err
+		}
+		total += wr.SGL[i].Length
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if s := q.State(); s == StateError || s == StateClosing {
+		return ErrNotReady
+	}
+	if q.rqTail-q.rqHead == uint64(len(q.rq)) {
+		return ErrQueueFull
+	}
+	e := &q.rq[q.rqTail%uint64(len(q.rq))]
+	e.id, e.length = wr.ID, total
+	e.nsge = copy(e.sges[:], wr.SGL)
+	for i := range e.nsge {
+		e.sges[i].MR.Acquire()
+	}
+	q.rqTail++
+	return nil
+}
+
+// checkLocal checks an SGE against its region: bounds, validity, and the
+// local write right where the memory is to be written.
+func checkLocal(s *SGE, write bool) error {
+	switch {
+	case s.MR == nil:
+		return fmt.Errorf("%w: SGE without a memory region", ErrLocalAccess)
+	case s.Offset < 0 || s.Length < 0 || !s.MR.Contains(uint64(s.Offset), uint64(s.Length)):
+		return fmt.Errorf("%w: [%d, +%d) outside region %v of %d bytes", ErrLocalAccess, s.Offset, s.Length, s.MR.STag(), s.MR.Len())
+	case !s.MR.Valid():
+		return fmt.Errorf("%w: region %v is not valid", ErrLocalAccess, s.MR.STag())
+	case write && s.MR.Access()&mem.LocalWrite == 0:
+		return fmt.Errorf("%w: region %v lacks local write access", ErrLocalAccess, s.MR.STag())
+	}
+	return nil
+}
+
+// kick starts the transmit path.
+func (q *QP) kick() {
+	q.mu.Lock()
+	q.kickLocked()
+}
+
+// kickLocked starts the transmit path; q.mu is held and is released. If
+// another goroutine holds the transmit role it will see the new work;
+// otherwise the caller takes the role and transmits directly, or hands it
+// to the transmit goroutine in AsyncOnly mode.
+func (q *QP) kickLocked() {
+	if q.txBusy {
+		q.txAgain = true
+		q.mu.Unlock()
+		return
+	}
+	q.txBusy = true
+	if q.cfg.AsyncOnly {
+		q.handTxLocked()
+		q.mu.Unlock()
+		return
+	}
+	q.mu.Unlock()
+	q.transmit(false)
+}
+
+// handTxLocked passes the held transmit role to the transmit goroutine.
+func (q *QP) handTxLocked() {
+	q.txHanded = true
+	q.wakeTx()
+}
+
+func (q *QP) wakeTx() {
+	select {
+	case q.txWake <- struct{}{}:
+	default:
+	}
+}
+
+// txLoop is the transmit goroutine: it takes the transmit role over when a
+// direct transmission would block, and watches acknowledgements in Acked
+// mode. It ends when the queue pair is closed or has failed and has nothing
+// left to send.
+func (q *QP) txLoop() {
+	defer q.wg.Done()
+	ackTimer := time.NewTimer(time.Hour)
+	ackTimer.Stop()
+	for {
+		q.mu.Lock()
+		handed := q.txHanded
+		q.txHanded = false
+		acks := q.cfg.Completion == Acked && q.sqDone < q.sqTx && !q.txBusy
+		over := q.State() == StateError && !q.txBusy && q.termPending == nil
+		q.mu.Unlock()
+		if handed {
+			q.transmit(true)
+			continue
+		}
+		if over {
+			return
+		}
+		var tick <-chan time.Time
+		if acks {
+			ackTimer.Reset(ackPoll)
+			tick = ackTimer.C
+		}
+		select {
+		case <-q.txWake:
+		case <-tick:
+			q.mu.Lock()
+			if q.txBusy {
+				q.mu.Unlock()
+				continue
+			}
+			q.txBusy = true
+			q.mu.Unlock()
+			q.transmit(true)
+		case <-q.done:
+			return
+		}
+	}
+}
+
+// ackPoll is how often the send queue is read while completions wait for
+// acknowledgement. The timer runs only while such work exists.
+const ackPoll = 50 * time.Microsecond
+
+// retireLocked completes send-queue entries in order, as far as they are
+// done, pushing completions for the signaled and the failed.
+func (q *QP) retireLocked() {
+	for q.sqHead < q.sqTail {
+		e := &q.sq[q.sqHead%uint64(len(q.sq))]
+		if !e.done {
+			break
+		}
+		for i := range e.nsge {
+			e.sges[i].MR.Release()
+		}
+		if e.wr.Flags&Signaled != 0 || e.status != Success {
+			c := Completion{ID: e.wr.ID, QP: q, Op: compOp(e.wr.Op), Status: e.status, Bytes: e.length}
+			if !q.cfg.SendCQ.push(&c) {
+				q.overrunLocked()
+			}
+		}
+		e.sges = [MaxSGE]SGE{}
+		q.sqHead++
+	}
+}
+
+func (q *QP) overrunLocked() {
+	if q.err == nil {
+		q.err = ErrCQOverrun
+	}
+}
+
+// Disconnect closes the connection gracefully: it stops new work, waits
+// (until ctx is done) for queued sends to leave, closes the TCP
+// connection and flushes whatever is left.
+func (q *QP) Disconnect(ctx context.Context) error {
+	q.mu.Lock()
+	if q.State() == StateReady {
+		q.state.Store(int32(StateClosing))
+	}
+	q.mu.Unlock()
+	for {
+		q.mu.Lock()
+		idle := q.sqTx == q.sqTail && !q.txBusy && q.orqHead == q.orqTail
+		q.mu.Unlock()
+		if idle || q.State() == StateError {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			q.Close()
+			return ctx.Err()
+		case <-time.After(100 * time.Microsecond):
+		}
+	}
+	q.fail(ErrClosed)
+	q.Close()
+	return nil
+}
+
+// Close tears the queue pair down at once, flushing all outstanding work,
+// and waits for its goroutines to stop.
+func (q *QP) Close() error {
+	q.fail(ErrClosed)
+	q.closing.Do(func() { close(q.done) })
+	if q.link != nil {
+		q.link.Close()
+	}
+	q.wg.Wait()
+	return nil
+}
+
+// fail moves the queue pair to error without a Terminate; cause is what
+// the user sees from Err. All outstanding work is flushed.
+func (q *QP) fail(cause error) { q.failTerm(cause, nil, nil, 0) }
+
+// failTerm moves the queue pair to error. cause is what the user sees from
+// Err. When term is non-nil a Terminate reporting it, echoing the header of
+// the FPDU that caused it (head, of a ULPDU of ulen bytes) if given, goes
+// out before the connection closes. All outstanding work is flushed.
+func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) {
+	q.mu.Lock()
+	if q.State() == StateError {
+		q.mu.Unlock()
+		return
+	}
+	wasReady := q.link != nil
+	q.state.Store(int32(StateError))
+	if q.err == nil {
+		q.err = cause
+	}
+	q.flushLocked()
+	if term != nil && wasReady {
+		t := wire.NewTerminate(term, head, ulen, q.termScratch[:0])
+		q.termPending = &t
+		q.log.Debug("gowarp: sending Terminate", "err", term)
+		if !q.txBusy {
+			q.txBusy = true
+			q.handTxLocked()
+		}
+		q.mu.Unlock()
+		// A peer that does not read must not keep the connection open.
+		time.AfterFunc(termTimeout, func() { q.link.Close() })
+		return
+	}
+	q.mu.Unlock()
+	q.wakeTx()
+	if q.link != nil {
+		q.link.Close()
+	}
+}
+
+// termTimeout bounds how long a Terminate may take to leave.
+const termTimeout = time.Second
+
+// flushLocked completes every outstanding work request: those with a
+// status of their own get it, the rest WRFlushError.
+func (q *QP) flushLocked() {
+	for i := q.sqHead; i < q.sqTail; i++ {
+		e := &q.sq[i%uint64(len(q.sq))]
+		if !e.done {
+			e.done = true
+			if e.status == Success {
+				e.status = WRFlushError
+			}
+		}
+	}
+	q.sqDone, q.sqTx = q.sqTail, q.sqTail
+	q.orqHead = q.orqTail
+	q.irqHead = q.irqTail
+	q.retireLocked()
+	for ; q.rqHead < q.rqTail; q.rqHead++ {
+		e := &q.rq[q.rqHead%uint64(len(q.rq))]
+		st := WRFlushError
+		if q.rx.recvStatus != Success && q.rx.recv == e {
+			st = q.rx.recvStatus
+		}
+		for i := range e.nsge {
+			e.sges[i].MR.Release()
+		}
+		c := Completion{ID: e.id, QP: q, Op: CompRecv, Status: st}
+		if !q.cfg.RecvCQ.push(&c) {
+			q.overrunLocked()
+		}
+		e.sges = [MaxSGE]SGE{}
+	}
+}

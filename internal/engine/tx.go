@@ -1,0 +1,443 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/gowarp/gowarp/wire"
+)
+
+const (
+	// txArena holds the headers and trailers of one batch.
+	txArena = 64 << 10
+	// maxFPDUOverhead is the most arena bytes one FPDU takes: length,
+	// untagged header, the largest RDMAP body (a Terminate echoing a Read
+	// Request), pad and CRC.
+	maxFPDUOverhead = 2 + wire.UntaggedHeaderLen + 4 + 2 + wire.UntaggedHeaderLen + wire.ReadRequestLen + wire.MaxTrailerLen
+	// maxBatchBytes bounds one gathered write, so completions and Read
+	// Responses are not held back behind a huge batch.
+	maxBatchBytes = 1 << 20
+	// irqBurst is how many Read Responses go out in a row while the send
+	// queue has work waiting (siw: 4).
+	irqBurst = 4
+)
+
+// txState is the transmit path's state, owned by whoever holds the
+// transmit role. A batch is a list of vectors (headers and trailers in the
+// arena, payload straight from registered memory) written with gathered
+// writes until it is gone; then the next batch is built.
+type txState struct {
+	q    *QP
+	link Link
+	crc  bool
+
+	iov     [][]byte
+	first   int // first vector not fully written
+	arena   []byte
+	lastEnd int    // arena offset where the last vector ends, -1 if it is not in the arena
+	left    int    // bytes of the batch not yet written
+	written uint64 // bytes the socket has taken, ever
+	built   uint64 // stream offset at the end of the batch
+
+	// Segmentation of the send-queue entry at sqTx.
+	off     int // message bytes framed
+	sge     int // SGE index and offset of the next payload byte
+	sgeOff  int
+	readIdx int // Reads: next SGE to request
+
+	msn      [3]uint32 // last MSN sent per queue number
+	burst    int
+	rtrSent  bool
+	fStart   int  // arena offset of the FPDU being built
+	fFirst   int  // its first payload vector
+	termSent bool // a Terminate is in the batch: close after it
+
+	maxTagged, maxUntagged int // payload bytes per full FPDU
+}
+
+func (t *txState) init(q *QP, l Link) {
+	t.q, t.link, t.crc = q, l, q.params.CRC
+	t.iov = make([][]byte, 0, maxIov)
+	t.arena = make([]byte, 0, txArena)
+	t.lastEnd = -1
+	seg := q.params.MaxFPDU
+	if seg <= 0 {
+		seg = l.MSS()
+	}
+	if seg <= 0 {
+		seg = 64 << 10
+	}
+	seg = max(seg, 64) &^ 7
+	t.maxTagged = min(seg-2-wire.TaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.TaggedHeaderLen) &^ 3
+	t.maxUntagged = min(seg-2-wire.UntaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.UntaggedHeaderLen) &^ 3
+}
+
+// transmit runs the transmit path while the caller holds the role. With
+// block false (a posting goroutine) it gives the role to the transmit
+// goroutine as soon as the socket would block; with block true it waits.
+func (q *QP) transmit(block bool) {
+	t := &q.tx
+	for {
+		if t.left == 0 {
+			q.mu.Lock()
+			q.markSentLocked()
+			if t.termSent {
+				t.termSent = false
+				q.txBusy = false
+				q.mu.Unlock()
+				q.link.Close()
+				return
+			}
+			t.build()
+			q.txAgain = false
+			if t.left == 0 {
+				q.txBusy = false
+				q.mu.Unlock()
+				if q.cfg.Completion == Acked {
+					q.wakeTx() // the transmit goroutine watches the acknowledgements
+				}
+				return
+			}
+			q.mu.Unlock()
+		}
+		n, err := q.link.Writev(t.iov[t.first:], block)
+		if err != nil {
+			if errors.Is(err, errWouldBlock) {
+				if block {
+					continue
+				}
+				q.mu.Lock()
+				q.handTxLocked() // the transmit goroutine takes the role over
+				q.mu.Unlock()
+				return
+			}
+			t.left, t.termSent = 0, false
+			q.mu.Lock()
+			q.txBusy = false
+			q.mu.Unlock()
+			q.fail(fmt.Errorf("%w: %w", ErrLinkLost, err))
+			return
+		}
+		t.advance(n)
+	}
+}
+
+// advance consumes n written bytes from the batch.
+func (t *txState) advance(n int) {
+	t.left -= n
+	t.written += uint64(n)
+	for n > 0 {
+		v := t.iov[t.first]
+		if n < len(v) {
+			t.iov[t.first] = v[n:]
+			return
+		}
+		n -= len(v)
+		t.iov[t.first] = nil
+		t.first++
+	}
+}
+
+// markSentLocked marks Sends and Writes done whose bytes the socket has
+// taken (Handed) or the peer has acknowledged (Acked), and retires them.
+func (q *QP) markSentLocked() {
+	t := &q.tx
+	if q.sqDone == q.sqTx {
+		return
+	}
+	limit := t.written
+	if q.cfg.Completion == Acked {
+		if un, err := q.link.Unacked(); err == nil && uint64(un) <= limit {
+			limit -= uint64(un)
+		}
+	}
+	for q.sqDone < q.sqTx {
+		e := &q.sq[q.sqDone%uint64(len(q.sq))]
+		if e.wr.Op != OpRead {
+			if !e.framed || e.endOff > limit {
+				break
+			}
+			e.done = true
+		}
+		q.sqDone++
+	}
+	q.retireLocked()
+}
+
+// build fills an empty batch from the queues; q.mu is held.
+func (t *txState) build() {
+	q := t.q
+	t.iov, t.first, t.arena, t.lastEnd, t.left = t.iov[:0], 0, t.arena[:0], -1, 0
+	if q.termPending != nil {
+		t.frameTerminate(q.termPending)
+		q.termPending = nil
+		t.termSent = true
+		return
+	}
+	if s := q.State(); s != StateReady && s != StateClosing {
+		return
+	}
+	if q.params.SendRTR != 0 && !t.rtrSent {
+		if !t.frameRTR() {
+			return
+		}
+		t.rtrSent = true
+	}
+	if !q.peerUp.Load() {
+		return // a responder speaks only after the initiator's first FPDU
+	}
+	for t.room() {
+		sqWork := q.sqTx < q.sqTail
+		if q.irqHead < q.irqTail && (!sqWork || t.burst < irqBurst) {
+			t.burst++
+			t.frameReadResponse()
+			continue
+		}
+		t.burst = 0
+		if !sqWork || !t.frameSQ() {
+			break
+		}
+	}
+}
+
+// room reports whether another FPDU fits the batch.
+func (t *txState) room() bool {
+	return len(t.iov)+MaxSGE+3 <= cap(t.iov) && len(t.arena)+maxFPDUOverhead <= cap(t.arena) && t.left < maxBatchBytes
+}
+
+// addArena appends arena[start:end] to the vectors, merging it with the
+// previous vector when that ends where this starts.
+func (t *txState) addArena(start, end int) {
+	if t.lastEnd == start && len(t.iov) > t.first {
+		last := &t.iov[len(t.iov)-1]
+		*last = (*last)[:len(*last)+end-start]
+	} else {
+		t.iov = append(t.iov, t.arena[start:end:cap(t.arena)])
+	}
+	t.lastEnd = end
+}
+
+// begin starts an FPDU in the batch: the length field (filled in by end),
+// the header h and the RDMAP body that body appends, if any. The caller
+// then appends the payload vectors and calls end.
+func (t *txState) begin(h *wire.Header, body func([]byte) []byte) {
+	t.fStart = len(t.arena)
+	t.arena = t.arena[:t.fStart+2]
+	t.arena = h.Append(t.arena)
+	if body != nil {
+		t.arena = body(t.arena)
+	}
+	t.addArena(t.fStart, len(t.arena))
+	t.fFirst = len(t.iov)
+}
+
+// addSGEs appends n payload bytes from sges, from the cursor (t.sge, t.sgeOff) on.
+func (t *txState) addSGEs(sges []SGE, n int) {
+	for n > 0 {
+		s := &sges[t.sge]
+		k := min(n, s.Length-t.sgeOff)
+		if k > 0 {
+			t.iov = s.MR.Slices(t.iov, uint64(s.Offset+t.sgeOff), uint64(k))
+			t.lastEnd = -1
+		}
+		n -= k
+		t.sgeOff += k
+		if t.sgeOff == s.Length {
+			t.sge++
+			t.sgeOff = 0
+		}
+	}
+}
+
+// end completes the FPDU begun last, whose payload is n bytes: it fills in
+// the length, and appends pad and CRC.
+func (t *txState) end(n int) {
+	hdr := t.arena[t.fStart:]
+	ulen := len(hdr) - 2 + n
+	binary.BigEndian.PutUint16(hdr, uint16(ulen))
+	var crc uint32
+	if t.crc {
+		crc = wire.UpdateCRC32c(0, hdr)
+		for _, v := range t.iov[t.fFirst:] {
+			crc = wire.UpdateCRC32c(crc, v)
+		}
+	}
+	ts := len(t.arena)
+	tr := wire.PutTrailer(t.arena[ts:ts+wire.MaxTrailerLen], ulen, crc, t.crc)
+	t.arena = t.arena[:ts+len(tr)]
+	t.addArena(ts, len(t.arena))
+	t.left += wire.FPDULen(ulen)
+	t.built = t.written + uint64(t.left)
+}
+
+// frame appends a whole FPDU whose payload is n bytes of sges from the cursor.
+func (t *txState) frame(h *wire.Header, body func([]byte) []byte, sges []SGE, n int) {
+	t.begin(h, body)
+	t.addSGEs(sges, n)
+	t.end(n)
+}
+
+func header(op wire.Opcode) wire.Header {
+	return wire.Header{Opcode: op, Tagged: op.Info().Tagged, DDPVersion: wire.DDPVersion, RDMAPVersion: wire.RDMAPVersion, QN: op.Info().QN}
+}
+
+// frameSQ frames FPDUs of the entry at sqTx until it is framed or the
+// batch is full. It reports false when the entry must wait (ORQ full, or a
+// fence on outstanding Reads).
+func (t *txState) frameSQ() bool {
+	q := t.q
+	e := &q.sq[q.sqTx%uint64(len(q.sq))]
+	if t.off == 0 && t.readIdx == 0 && e.wr.Flags&Fence != 0 && q.orqHead != q.orqTail {
+		return false
+	}
+	sges := e.sges[:e.nsge]
+	switch e.wr.Op {
+	case OpWrite:
+		for t.room() {
+			n := min(t.maxTagged, e.length-t.off)
+			h := header(wire.OpWrite)
+			h.Last = t.off+n == e.length
+			h.STag, h.TO = e.wr.RKey, e.wr.RemoteAddr+uint64(t.off)
+			t.frame(&h, nil, sges, n)
+			t.off += n
+			if h.Last {
+				t.finish(e)
+				return true
+			}
+		}
+	case OpSend, OpSendInv:
+		op := wire.OpSend
+		switch {
+		case e.wr.Op == OpSendInv && e.wr.Flags&Solicited != 0:
+			op = wire.OpSendSEInv
+		case e.wr.Op == OpSendInv:
+			op = wire.OpSendInv
+		case e.wr.Flags&Solicited != 0:
+			op = wire.OpSendSE
+		}
+		if t.off == 0 {
+			t.msn[wire.QNSend]++
+			e.msn = t.msn[wire.QNSend]
+		}
+		for t.room() {
+			n := min(t.maxUntagged, e.length-t.off)
+			h := header(op)
+			h.Last = t.off+n == e.length
+			h.MSN, h.MO = e.msn, uint32(t.off)
+			if op.Invalidates() {
+				h.RsvdULP = e.wr.InvalidateSTag
+			}
+			t.frame(&h, nil, sges, n)
+			t.off += n
+			if h.Last {
+				t.finish(e)
+				return true
+			}
+		}
+	case OpRead:
+		to := e.wr.RemoteAddr
+		for i := range t.readIdx {
+			to += uint64(sges[i].Length)
+		}
+		for t.room() {
+			if q.orqTail-q.orqHead == uint64(len(q.orq)) {
+				return false // ORD reached: the send queue waits for a response
+			}
+			var s SGE
+			if t.readIdx < len(sges) {
+				s = sges[t.readIdx]
+			}
+			o := &q.orq[q.orqTail%uint64(len(q.orq))]
+			*o = orqEntry{sq: e, sge: s}
+			if s.MR != nil {
+				o.sinkSTag, o.sinkTO = uint32(s.MR.STag()), s.MR.Addr()+uint64(s.Offset)
+			}
+			q.orqTail++
+			t.msn[wire.QNRead]++
+			if t.readIdx == 0 {
+				e.msn = t.msn[wire.QNRead]
+			}
+			rr := wire.ReadRequest{SinkSTag: o.sinkSTag, SinkTO: o.sinkTO, Size: uint32(s.Length), SourceSTag: e.wr.RKey, SourceTO: to}
+			h := header(wire.OpReadRequest)
+			h.Last, h.MSN = true, t.msn[wire.QNRead]
+			t.frame(&h, rr.Append, nil, 0)
+			to += uint64(s.Length)
+			t.readIdx++
+			if t.readIdx >= len(sges) {
+				t.finish(e)
+				return true
+			}
+		}
+	}
+	return true
+}
+
+// finish records that the entry at sqTx is wholly framed.
+func (t *txState) finish(e *sqEntry) {
+	e.framed = true
+	e.endOff = t.built
+	t.q.sqTx++
+	t.off, t.sge, t.sgeOff, t.readIdx = 0, 0, 0, 0
+}
+
+// frameReadResponse frames the next FPDU answering the IRQ's head.
+func (t *txState) frameReadResponse() {
+	q := t.q
+	r := &q.irq[q.irqHead%uint64(len(q.irq))]
+	n := min(t.maxTagged, r.size-r.sent)
+	h := header(wire.OpReadResponse)
+	h.Last = r.sent+n == r.size
+	h.STag, h.TO = r.sinkSTag, r.sinkTO+uint64(r.sent)
+	t.begin(&h, nil)
+	if n > 0 {
+		t.iov = r.region.Slices(t.iov, r.srcOff+uint64(r.sent), uint64(n))
+		t.lastEnd = -1
+	}
+	t.end(n)
+	r.sent += n
+	if h.Last {
+		if r.region != nil {
+			r.region.Release()
+		}
+		*r = irqEntry{}
+		q.irqHead++
+	}
+}
+
+// frameTerminate frames a Terminate message.
+func (t *txState) frameTerminate(term *wire.Terminate) {
+	h := header(wire.OpTerminate)
+	h.Last, h.MSN = true, 1
+	t.frame(&h, term.Append, nil, 0)
+}
+
+// frameRTR frames the peer-to-peer ready-to-receive message (RFC 6581 §5):
+// a zero-length Write to STag 1 (as siw sends it; some NICs reject STag 0)
+// or a zero-length Read, which takes an ORQ slot like any Read.
+func (t *txState) frameRTR() bool {
+	q := t.q
+	switch q.params.SendRTR {
+	case wire.RTRWrite:
+		h := header(wire.OpWrite)
+		h.Last, h.STag = true, 1
+		t.frame(&h, nil, nil, 0)
+	case wire.RTRRead:
+		if q.orqTail-q.orqHead == uint64(len(q.orq)) {
+			return false
+		}
+		q.orq[q.orqTail%uint64(len(q.orq))] = orqEntry{}
+		q.orqTail++
+		t.msn[wire.QNRead]++
+		rr := wire.ReadRequest{SourceSTag: 1}
+		h := header(wire.OpReadRequest)
+		h.Last, h.MSN = true, t.msn[wire.QNRead]
+		t.frame(&h, rr.Append, nil, 0)
+	case wire.RTRSend:
+		t.msn[wire.QNSend]++
+		h := header(wire.OpSend)
+		h.Last, h.MSN = true, t.msn[wire.QNSend]
+		t.frame(&h, nil, nil, 0)
+	}
+	return true
+}

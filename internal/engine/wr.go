@@ -1,0 +1,170 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/gowarp/gowarp/internal/mem"
+)
+
+// MaxSGE is the most scatter/gather entries a work request may carry.
+const MaxSGE = 8
+
+// WROp is the operation of a send-queue work request.
+type WROp uint8
+
+const (
+	OpSend    WROp = iota + 1 // Send (with solicited event if the flag says so)
+	OpSendInv                 // Send with Invalidate of InvalidateSTag
+	OpWrite                   // RDMA Write
+	OpRead                    // RDMA Read
+)
+
+func (o WROp) String() string {
+	switch o {
+	case OpSend:
+		return "send"
+	case OpSendInv:
+		return "send-inv"
+	case OpWrite:
+		return "write"
+	case OpRead:
+		return "read"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// WRFlags modify a work request.
+type WRFlags uint8
+
+const (
+	// Signaled asks for a completion when the request completes
+	// successfully. Failed requests always complete.
+	Signaled WRFlags = 1 << iota
+	// Solicited sets the solicited-event bit of a Send.
+	Solicited
+	// Fence holds the request until every earlier RDMA Read of the queue
+	// pair has completed.
+	Fence
+)
+
+// SGE is one scatter/gather element: Length bytes at Offset in a region.
+type SGE struct {
+	MR     *mem.Region
+	Offset int
+	Length int
+}
+
+// SendWR is a send-queue work request.
+type SendWR struct {
+	ID    uint64
+	Op    WROp
+	Flags WRFlags
+	// SGL is the local memory: the data of a Send or Write, the sink of a
+	// Read (several SGEs make several Read Requests, one per SGE).
+	SGL []SGE
+	// RemoteAddr and RKey name the remote memory of a Write or Read.
+	RemoteAddr uint64
+	RKey       uint32
+	// InvalidateSTag is the peer's STag a Send with Invalidate kills.
+	InvalidateSTag uint32
+}
+
+// RecvWR is a receive-queue work request: where a peer's Send lands.
+type RecvWR struct {
+	ID  uint64
+	SGL []SGE
+}
+
+// Status is the outcome of a work request, in the spirit of libibverbs'
+// ibv_wc_status. Every status but Success is an error.
+type Status uint8
+
+const (
+	Success              Status = iota
+	LocalLengthError            // a received message did not fit the receive buffers
+	LocalQPError                // the queue pair failed for a local reason
+	LocalProtectionError        // local memory could not be used as asked
+	WRFlushError                // the queue pair went to error before the request ran
+	RemoteAccessError           // the peer refused access to its memory
+	RemoteOperationError        // the peer could not carry the operation out
+	RemoteInvalidRequest        // the peer found the request invalid
+	FatalError                  // the connection broke
+)
+
+var statusNames = [...]string{
+	Success:              "success",
+	LocalLengthError:     "local length error",
+	LocalQPError:         "local QP operation error",
+	LocalProtectionError: "local protection error",
+	WRFlushError:         "work request flushed",
+	RemoteAccessError:    "remote access error",
+	RemoteOperationError: "remote operation error",
+	RemoteInvalidRequest: "remote invalid request",
+	FatalError:           "fatal error",
+}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Error makes a Status usable as an error value: errors.Is(err, WRFlushError).
+func (s Status) Error() string { return "gowarp: " + s.String() }
+
+// CompletionOp says what kind of work a completion reports.
+type CompletionOp uint8
+
+const (
+	CompSend CompletionOp = iota + 1
+	CompWrite
+	CompRead
+	CompRecv
+)
+
+func (o CompletionOp) String() string {
+	switch o {
+	case CompSend:
+		return "send"
+	case CompWrite:
+		return "write"
+	case CompRead:
+		return "read"
+	case CompRecv:
+		return "recv"
+	}
+	return fmt.Sprintf("compop(%d)", uint8(o))
+}
+
+// Completion is one entry of a completion queue.
+type Completion struct {
+	ID     uint64
+	QP     *QP
+	Op     CompletionOp
+	Status Status
+	// Bytes is the number of bytes received (receives) or transferred.
+	Bytes int
+	// Solicited is set on a receive whose Send carried a solicited event.
+	Solicited bool
+	// Invalidated is the local STag a Send with Invalidate killed (receives).
+	Invalidated uint32
+}
+
+// Err returns nil for a successful completion and its Status otherwise.
+func (c *Completion) Err() error {
+	if c.Status == Success {
+		return nil
+	}
+	return c.Status
+}
+
+func compOp(o WROp) CompletionOp {
+	switch o {
+	case OpWrite:
+		return CompWrite
+	case OpRead:
+		return CompRead
+	}
+	return CompSend
+}

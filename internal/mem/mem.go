@@ -1,0 +1,329 @@
+// Package mem is gowarp's memory registry: regions of registered memory,
+// the STags that name them, and the checks every access goes through.
+//
+// An STag is a 24-bit index and an 8-bit consumer key (RFC 5040 §2.1). A
+// Table maps indexes to regions. A region is one or more buffers presented
+// as one contiguous range of tagged offsets (TOs) starting at its base
+// address, so a region made of several buffers is reached with one STag.
+package mem
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Access is a set of rights on a region.
+type Access uint8
+
+const (
+	// LocalWrite lets local work requests write the region: receive
+	// buffers and the sink of an RDMA Read.
+	LocalWrite Access = 1 << iota
+	// RemoteRead lets peers read the region with RDMA Read.
+	RemoteRead
+	// RemoteWrite lets peers write the region with RDMA Write.
+	RemoteWrite
+	// RemoteInvalidate lets a peer invalidate the region's STag with a
+	// Send with Invalidate.
+	RemoteInvalidate
+)
+
+func (a Access) String() string {
+	if a == 0 {
+		return "none"
+	}
+	s := ""
+	for i, n := range []string{"local-write", "remote-read", "remote-write", "remote-invalidate"} {
+		if a&(1<<i) != 0 {
+			if s != "" {
+				s += "|"
+			}
+			s += n
+		}
+	}
+	return s
+}
+
+// STag is a steering tag: index<<8 | key.
+type STag uint32
+
+// Index returns the 24-bit index.
+func (s STag) Index() uint32 { return uint32(s) >> 8 }
+
+// Key returns the 8-bit consumer key.
+func (s STag) Key() uint8 { return uint8(s) }
+
+func (s STag) String() string { return fmt.Sprintf("%#08x", uint32(s)) }
+
+// Reason says why an access was refused. The engine turns it into the
+// Terminate code the RFCs name for the operation at hand.
+type Reason uint8
+
+const (
+	OK            Reason = iota
+	InvalidSTag          // no region at this index, wrong key, or invalidated
+	BaseBounds           // the range is not inside the region
+	AccessRights         // the region does not grant the right
+	NotAssociated        // the region belongs to another protection domain
+	TOWrap               // TO + length overflows 64 bits
+)
+
+func (r Reason) String() string {
+	return [...]string{"ok", "invalid STag", "base or bounds violation", "access rights violation",
+		"STag not associated with this connection", "tagged offset wrap"}[r]
+}
+
+// Errors of registration and deregistration.
+var (
+	ErrBusy       = errors.New("mem: region is in use by outstanding work")
+	ErrEmpty      = errors.New("mem: cannot register an empty buffer")
+	ErrTableFull  = errors.New("mem: STag table is full")
+	ErrNotInTable = errors.New("mem: region is not registered in this table")
+	ErrBadAccess  = errors.New("mem: invalid access flags")
+)
+
+// Region is registered memory: one or more buffers seen as one range of
+// tagged offsets [Addr, Addr+Len).
+type Region struct {
+	stag   STag
+	pd     uint32
+	access Access
+	base   uint64
+	length uint64
+	// bufs are the region's buffers in TO order; starts[i] is the offset of
+	// bufs[i] from the base. One buffer is the common case and the fast path.
+	bufs   [][]byte
+	starts []uint64
+	table  *Table
+
+	valid  atomic.Bool
+	refs   atomic.Int64  // outstanding local work requests and placements
+	placed atomic.Uint64 // bytes placed into the region by peers
+}
+
+// STag returns the region's steering tag (the rkey/lkey of libibverbs).
+func (r *Region) STag() STag { return r.stag }
+
+// Addr returns the tagged offset of the region's first byte.
+func (r *Region) Addr() uint64 { return r.base }
+
+// Len returns the region's length in bytes.
+func (r *Region) Len() int { return int(r.length) }
+
+// Access returns the region's rights.
+func (r *Region) Access() Access { return r.access }
+
+// PD returns the protection domain the region belongs to.
+func (r *Region) PD() uint32 { return r.pd }
+
+// Buffers returns the region's buffers in TO order.
+func (r *Region) Buffers() [][]byte { return r.bufs }
+
+// Bytes returns the region's memory when it is a single buffer, else nil.
+func (r *Region) Bytes() []byte {
+	if len(r.bufs) == 1 {
+		return r.bufs[0]
+	}
+	return nil
+}
+
+// Valid reports whether the region's STag is still valid.
+func (r *Region) Valid() bool { return r.valid.Load() }
+
+// Placed returns the number of bytes peers have placed into the region
+// (RDMA Writes and Read Responses). It is updated atomically after the
+// bytes are in memory, so a goroutine that sees it change may read them:
+// the way to wait for a one-sided write without a completion.
+func (r *Region) Placed() uint64 { return r.placed.Load() }
+
+// AddPlaced records n bytes placed by a peer.
+func (r *Region) AddPlaced(n int) { r.placed.Add(uint64(n)) }
+
+// Acquire marks the region in use by one more work request or placement.
+func (r *Region) Acquire() { r.refs.Add(1) }
+
+// Release undoes Acquire.
+func (r *Region) Release() { r.refs.Add(-1) }
+
+// InUse reports whether work is outstanding on the region.
+func (r *Region) InUse() bool { return r.refs.Load() > 0 }
+
+// Contains reports whether [off, off+n) lies inside the region, offsets
+// counted from the region's start.
+func (r *Region) Contains(off, n uint64) bool {
+	return off <= r.length && n <= r.length-off
+}
+
+// Slices appends to dst the pieces of the region's memory covering
+// [off, off+n), offsets counted from the region's start. The range must be
+// inside the region (see Contains).
+func (r *Region) Slices(dst [][]byte, off, n uint64) [][]byte {
+	if len(r.bufs) == 1 {
+		return append(dst, r.bufs[0][off:off+n:off+n])
+	}
+	i := r.find(off)
+	for n > 0 {
+		b := r.bufs[i][off-r.starts[i]:]
+		if uint64(len(b)) > n {
+			b = b[:n:n]
+		}
+		dst = append(dst, b)
+		n -= uint64(len(b))
+		off += uint64(len(b))
+		i++
+	}
+	return dst
+}
+
+// find returns the index of the buffer holding offset off.
+func (r *Region) find(off uint64) int {
+	lo, hi := 0, len(r.starts)-1
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if r.starts[mid] <= off {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+// CheckRemote checks a peer's access to [to, to+n) with the given right
+// through a connection of protection domain pd.
+func (r *Region) CheckRemote(pd uint32, want Access, to uint64, n uint64) Reason {
+	switch {
+	case !r.valid.Load():
+		return InvalidSTag
+	case r.pd != pd:
+		return NotAssociated
+	case r.access&want != want:
+		return AccessRights
+	case to+n < to:
+		return TOWrap
+	case to < r.base || !r.Contains(to-r.base, n):
+		return BaseBounds
+	}
+	return OK
+}
+
+// Options tune a registration.
+type Options struct {
+	// Addr is the tagged offset of the region's first byte. Zero means
+	// the address of the first buffer in this process, the convention of
+	// libibverbs and siw, which peers expect.
+	Addr uint64
+	// Key is the consumer key, the STag's low 8 bits.
+	Key uint8
+}
+
+// Table is an STag table: the regions reachable through a set of
+// connections. A node may keep several, one per network identity.
+type Table struct {
+	mu      sync.RWMutex
+	regions map[uint32]*Region
+	next    uint32
+}
+
+// NewTable returns an empty table whose indexes start at start (mod 2^24;
+// 0 is never used, so that STag 0 is always invalid).
+func NewTable(start uint32) *Table {
+	return &Table{regions: make(map[uint32]*Region), next: start & 0xffffff}
+}
+
+// Register makes bufs a region of protection domain pd.
+func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*Region, error) {
+	if access&^(LocalWrite|RemoteRead|RemoteWrite|RemoteInvalidate) != 0 {
+		return nil, fmt.Errorf("%w: %#x", ErrBadAccess, uint8(access))
+	}
+	r := &Region{pd: pd, access: access, table: t}
+	for _, b := range bufs {
+		if len(b) == 0 {
+			continue
+		}
+		r.starts = append(r.starts, r.length)
+		r.bufs = append(r.bufs, b[:len(b):len(b)])
+		r.length += uint64(len(b))
+	}
+	if r.length == 0 {
+		return nil, ErrEmpty
+	}
+	r.base = o.Addr
+	if r.base == 0 {
+		r.base = uint64(uintptr(unsafe.Pointer(&r.bufs[0][0])))
+	}
+	if r.base+r.length < r.base {
+		return nil, fmt.Errorf("mem: region at %#x of %d bytes wraps the address space", r.base, r.length)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for range 1 << 24 {
+		t.next = (t.next + 1) & 0xffffff
+		if t.next == 0 {
+			continue
+		}
+		if _, used := t.regions[t.next]; !used {
+			r.stag = STag(t.next<<8 | uint32(o.Key))
+			t.regions[t.next] = r
+			r.valid.Store(true)
+			return r, nil
+		}
+	}
+	return nil, ErrTableFull
+}
+
+// Deregister removes r from the table. It fails with ErrBusy while work
+// is outstanding on the region.
+func (t *Table) Deregister(r *Region) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.regions[r.stag.Index()] != r {
+		return ErrNotInTable
+	}
+	if r.InUse() {
+		return ErrBusy
+	}
+	r.valid.Store(false)
+	delete(t.regions, r.stag.Index())
+	return nil
+}
+
+// Lookup finds the region an STag names. A wrong key or an invalidated
+// region is InvalidSTag, as siw does (full 32-bit match).
+func (t *Table) Lookup(s STag) (*Region, Reason) {
+	t.mu.RLock()
+	r := t.regions[s.Index()]
+	t.mu.RUnlock()
+	if r == nil || r.stag != s || !r.valid.Load() {
+		return nil, InvalidSTag
+	}
+	return r, OK
+}
+
+// Invalidate invalidates the region an STag names, as a peer's Send with
+// Invalidate asks. It fails unless the region allows remote invalidation
+// and belongs to pd.
+func (t *Table) Invalidate(pd uint32, s STag) Reason {
+	r, why := t.Lookup(s)
+	if why != OK {
+		return why
+	}
+	if r.pd != pd {
+		return NotAssociated
+	}
+	if r.access&RemoteInvalidate == 0 {
+		return AccessRights
+	}
+	r.valid.Store(false)
+	return OK
+}
+
+// Len returns the number of registered regions.
+func (t *Table) Len() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.regions)
+}
