@@ -391,8 +391,10 @@ func TestBadInputTerminates(t *testing.T) {
 			if goodQP.State() != gowarp.StateReady {
 				t.Fatalf("neighbour QP is %v", goodQP.State())
 			}
-			good.write(uint32(e.rw.STag()), e.rw.Addr(), []byte("still alive"))
-			good.readReq(wire.ReadRequest{SinkSTag: 42, SinkTO: 1000, Size: 11, SourceSTag: uint32(e.rw.STag()), SourceTO: e.rw.Addr()})
+			// (Its own region: two peers writing one region race, as in any RDMA.)
+			mine, _ := s.pd.Register(make([]byte, 64), gowarp.RemoteWrite|gowarp.RemoteRead)
+			good.write(uint32(mine.STag()), mine.Addr(), []byte("still alive"))
+			good.readReq(wire.ReadRequest{SinkSTag: 42, SinkTO: 1000, Size: 11, SourceSTag: uint32(mine.STag()), SourceTO: mine.Addr()})
 			h, payload, err := good.next()
 			if err != nil || h.Opcode != wire.OpReadResponse || h.STag != 42 || h.TO != 1000 || string(payload[:11]) != "still alive" {
 				t.Fatalf("neighbour's Read Response %+v %q %v", h, payload, err)
