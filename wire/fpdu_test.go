@@ -272,3 +272,24 @@ func TestPutTrailer(t *testing.T) {
 		}
 	}
 }
+
+// RFC 5044 §4.1: the receiver ignores the pad, except that the CRC covers
+// it. siw sends stale pad bytes in short FPDUs; this one is perftest's MTU
+// Send ("3\0") from perftest-*.pcap.
+func TestParseFPDUIgnoresPad(t *testing.T) {
+	b := unhex(t, "0014 4143 00000000 00000000 00000004 00000000 3300 0040 00000000")
+	p, n, err := ParseFPDU(b, false)
+	if err != nil || n != len(b) || !bytes.Equal(p.ULPDU, b[2:22]) {
+		t.Fatalf("ParseFPDU = %x, %d, %v", p.ULPDU, n, err)
+	}
+	// With CRC on, the CRC is computed over the pad as sent.
+	binary.LittleEndian.PutUint32(b[24:], crc32cRef(b[:24]))
+	if _, _, err := ParseFPDU(b, true); err != nil {
+		t.Errorf("CRC over the non-zero pad: %v", err)
+	}
+	zeroPad := append([]byte(nil), b...)
+	zeroPad[22], zeroPad[23] = 0, 0
+	if _, _, err := ParseFPDU(zeroPad, true); err != ErrCRC {
+		t.Errorf("CRC computed with the pad as sent, pad then zeroed: %v, want ErrCRC", err)
+	}
+}
