@@ -3,9 +3,7 @@ package gowarp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"sync"
 
 	"github.com/gowarp/gowarp/internal/cm"
 	"github.com/gowarp/gowarp/internal/engine"
@@ -24,6 +22,14 @@ var (
 // private data and matches ErrRejected.
 type RejectedError = cm.RejectedError
 
+// QP is a reliable-connected queue pair. Post work with PostSend and
+// PostRecv (receives may be posted before the QP is connected); connect
+// with Connect, or accept a ConnRequest on it.
+type QP = engine.QP
+
+// ConnectOptions tune connection setup, on either side.
+type ConnectOptions = engine.ConnectOptions
+
 // QPConfig sizes a queue pair.
 type QPConfig struct {
 	SendCQ, RecvCQ *CQ
@@ -38,15 +44,6 @@ type QPConfig struct {
 	AsyncOnly bool
 }
 
-// QP is a reliable-connected queue pair. Post work with PostSend and
-// PostRecv; receives may be posted before the QP is connected.
-type QP struct {
-	*engine.QP
-	pd       *PD
-	mu       sync.Mutex
-	peerData []byte
-}
-
 // NewQP returns an idle queue pair in the protection domain.
 func (pd *PD) NewQP(c QPConfig) (*QP, error) {
 	if c.SendDepth == 0 {
@@ -55,91 +52,13 @@ func (pd *PD) NewQP(c QPConfig) (*QP, error) {
 	if c.RecvDepth == 0 {
 		c.RecvDepth = 128
 	}
-	q, err := engine.NewQP(engine.Config{
+	return engine.NewQP(engine.Config{
 		SendDepth: c.SendDepth, RecvDepth: c.RecvDepth,
 		SendCQ: c.SendCQ, RecvCQ: c.RecvCQ,
 		PD: pd.id, Table: pd.dev.table,
 		Completion: c.Completion, AsyncOnly: c.AsyncOnly,
 		Logger: pd.dev.log,
 	})
-	if err != nil {
-		return nil, err
-	}
-	return &QP{QP: q, pd: pd}, nil
-}
-
-// PeerPrivateData returns the private data the peer sent while connecting.
-func (q *QP) PeerPrivateData() []byte {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.peerData
-}
-
-// ConnectOptions tune connection setup (both Connect and Accept).
-type ConnectOptions struct {
-	// PrivateData goes to the peer in the MPA request or reply: at most
-	// 508 bytes (252 to interoperate with siw).
-	PrivateData []byte
-	// CRC asks for MPA CRC32c on every FPDU; the peer may ask too.
-	CRC bool
-	// MPARevision is 1 or 2 (default 2, with IRD/ORD negotiation).
-	MPARevision int
-	// IRD and ORD bound inbound and outbound RDMA Reads in flight (default 16).
-	IRD, ORD int
-	// NoP2P keeps Connect from asking for peer-to-peer mode; the
-	// connecting side must then send first. Default: P2P with an RTR
-	// message when the revision is 2, so either side may send first.
-	NoP2P bool
-	// MaxFPDU sets the size of full FPDUs on the wire; 0 sizes them to the
-	// TCP segment.
-	MaxFPDU int
-}
-
-func (o *ConnectOptions) cm() cm.Options {
-	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P}
-}
-
-func (o *ConnectOptions) params(r cm.Result) engine.Params {
-	return engine.Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx, MaxFPDU: o.MaxFPDU}
-}
-
-// Connect connects an idle QP to a listening peer at addr (host:port).
-func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
-	if q.State() != StateIdle {
-		return fmt.Errorf("gowarp: Connect on a queue pair in state %s", q.State())
-	}
-	q.SetConnecting()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		q.Close()
-		return fmt.Errorf("gowarp: connect %s: %w", addr, err)
-	}
-	setNoDelay(c)
-	r, err := cm.Initiate(ctx, c, o.cm())
-	if err != nil {
-		c.Close()
-		q.Close()
-		return fmt.Errorf("gowarp: connect %s: %w", addr, err)
-	}
-	return q.start(c, r, &o)
-}
-
-func (q *QP) start(c net.Conn, r cm.Result, o *ConnectOptions) error {
-	q.mu.Lock()
-	q.peerData = append([]byte(nil), r.PrivateData...)
-	q.mu.Unlock()
-	if err := q.Start(engine.NewLink(c), o.params(r)); err != nil {
-		c.Close()
-		return err
-	}
-	return nil
-}
-
-func setNoDelay(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
 }
 
 // Listener accepts iWARP connections on a TCP address.
@@ -189,7 +108,7 @@ func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 			}
 			return nil, err
 		}
-		setNoDelay(c)
+		engine.SetNoDelay(c)
 		req, err := cm.ReadRequest(ctx, c)
 		if err != nil {
 			l.dev.log.Info("gowarp: dropped connection", "peer", c.RemoteAddr(), "err", err)
@@ -205,17 +124,7 @@ func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 
 // Accept accepts the request on qp, an idle queue pair, sending the reply.
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
-	if qp.State() != StateIdle {
-		return fmt.Errorf("gowarp: Accept on a queue pair in state %s", qp.State())
-	}
-	qp.SetConnecting()
-	res, err := r.req.Accept(ctx, o.cm())
-	if err != nil {
-		r.c.Close()
-		qp.Close()
-		return err
-	}
-	return qp.start(r.c, res, &o)
+	return qp.Accept(ctx, r.c, r.req, o)
 }
 
 // Reject refuses the request, sending private data with the rejection.

@@ -180,6 +180,8 @@ type QP struct {
 	rx     rxState
 	peerUp atomic.Bool // the peer's first FPDU has arrived
 
+	peerData []byte
+
 	done    chan struct{}
 	wg      sync.WaitGroup
 	closing sync.Once
@@ -222,11 +224,6 @@ func (q *QP) Params() Params { return q.params }
 
 // Link returns the queue pair's link, nil before Start.
 func (q *QP) Link() Link { return q.link }
-
-// SetConnecting marks the queue pair as negotiating.
-func (q *QP) SetConnecting() {
-	q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting))
-}
 
 // Start moves an idle or connecting queue pair to ready over link, with
 // the negotiated parameters, and starts its receive and transmit paths.

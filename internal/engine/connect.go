@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/gowarp/gowarp/internal/cm"
+)
+
+// ConnectOptions tune connection setup, on either side.
+type ConnectOptions struct {
+	// PrivateData goes to the peer in the MPA request or reply: at most
+	// 508 bytes (252 to interoperate with siw).
+	PrivateData []byte
+	// CRC asks for MPA CRC32c on every FPDU; the peer may ask too.
+	CRC bool
+	// MPARevision is 1 or 2 (default 2, with IRD/ORD negotiation).
+	MPARevision int
+	// IRD and ORD bound inbound and outbound RDMA Reads in flight
+	// (default 16, at most 128).
+	IRD, ORD int
+	// NoP2P keeps Connect from asking for peer-to-peer mode; the
+	// connecting side must then send the first message, as with rping.
+	// By default revision 2 connections use peer-to-peer mode with a
+	// ready-to-receive message, so either side may send first.
+	NoP2P bool
+	// MaxFPDU sets the size of full FPDUs on the wire; 0 sizes them to the
+	// TCP segment, as siw does.
+	MaxFPDU int
+}
+
+func (o *ConnectOptions) cm() cm.Options {
+	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P}
+}
+
+// Connect connects an idle queue pair to a listening peer at addr
+// (host:port): TCP, then MPA, then the QP is ready.
+func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
+	if !q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting)) {
+		return fmt.Errorf("gowarp: Connect on a queue pair in state %s", q.State())
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		q.Close()
+		return fmt.Errorf("gowarp: connect %s: %w", addr, err)
+	}
+	SetNoDelay(c)
+	r, err := cm.Initiate(ctx, c, o.cm())
+	if err != nil {
+		c.Close()
+		q.Close()
+		return fmt.Errorf("gowarp: connect %s: %w", addr, err)
+	}
+	return q.begin(c, r, &o)
+}
+
+// Accept accepts a connection request read by a listener on this idle
+// queue pair, sending the MPA reply.
+func (q *QP) Accept(ctx context.Context, c net.Conn, req *cm.Request, o ConnectOptions) error {
+	if !q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting)) {
+		return fmt.Errorf("gowarp: Accept on a queue pair in state %s", q.State())
+	}
+	r, err := req.Accept(ctx, o.cm())
+	if err != nil {
+		c.Close()
+		q.Close()
+		return err
+	}
+	return q.begin(c, r, &o)
+}
+
+func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions) error {
+	q.mu.Lock()
+	q.peerData = append([]byte(nil), r.PrivateData...)
+	q.mu.Unlock()
+	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx, MaxFPDU: o.MaxFPDU}
+	if err := q.Start(NewLink(c), p); err != nil {
+		c.Close()
+		return err
+	}
+	return nil
+}
+
+// PeerPrivateData returns the private data the peer sent while connecting.
+func (q *QP) PeerPrivateData() []byte {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.peerData
+}
+
+// SetNoDelay turns Nagle's algorithm off: FPDUs leave at once (siw does
+// the same).
+func SetNoDelay(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+}

@@ -1,0 +1,403 @@
+package gowarp_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/wire"
+)
+
+func fillPattern(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i)*31 + seed
+	}
+}
+
+// TestScatterGather: Writes, Sends and Reads gather from and scatter to
+// several SGEs, and receives scatter over several SGEs.
+func TestScatterGather(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{CRC: true})
+	src, sbuf := p.reg(t, 10000, gowarp.LocalWrite)
+	fillPattern(sbuf, 1)
+	sgl := []gowarp.SGE{{MR: src, Offset: 0, Length: 1000}, {MR: src, Offset: 5000, Length: 3}, {MR: src, Offset: 2000, Length: 4001}}
+	want := append(append(append([]byte{}, sbuf[0:1000]...), sbuf[5000:5003]...), sbuf[2000:6001]...)
+
+	dst, dbuf := p.reg(t, 6000, gowarp.RemoteWrite|gowarp.RemoteRead)
+	p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: sgl, RemoteAddr: dst.Addr() + 10, RKey: uint32(dst.STag())})
+	if c := wait(t, p.acq); c.Err() != nil || c.Bytes != len(want) {
+		t.Fatalf("write %+v", c)
+	}
+	// Read it back into three pieces of another region (three Read Requests).
+	back, bbuf := p.reg(t, 6000, gowarp.LocalWrite)
+	rsgl := []gowarp.SGE{{MR: back, Offset: 100, Length: 7}, {MR: back, Offset: 0, Length: 1}, {MR: back, Offset: 200, Length: len(want) - 8}}
+	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: rsgl, RemoteAddr: dst.Addr() + 10, RKey: uint32(dst.STag())})
+	if c := wait(t, p.acq); c.Err() != nil || c.ID != 2 || c.Bytes != len(want) {
+		t.Fatalf("read %+v", c)
+	}
+	if dst.Placed() != uint64(len(want)) {
+		t.Fatalf("placed %d", dst.Placed())
+	}
+	if !bytes.Equal(dbuf[10:10+len(want)], want) {
+		t.Fatal("written data differs")
+	}
+	got := append(append(append([]byte{}, bbuf[100:107]...), bbuf[0:1]...), bbuf[200:200+len(want)-8]...)
+	if !bytes.Equal(got, want) {
+		t.Fatal("read data differs")
+	}
+	// Send gathered, received scattered.
+	r1, rb1 := p.reg(t, 100, gowarp.LocalWrite)
+	r2, rb2 := p.reg(t, 10000, gowarp.LocalWrite)
+	p.b.PostRecv(&gowarp.RecvWR{ID: 7, SGL: []gowarp.SGE{{MR: r1, Offset: 50, Length: 50}, {MR: r2, Length: 10000}}})
+	p.a.PostSend(&gowarp.SendWR{ID: 3, Op: gowarp.OpSend, SGL: sgl})
+	if c := wait(t, p.bcq); c.Err() != nil || c.ID != 7 || c.Bytes != len(want) || c.Op != gowarp.CompRecv {
+		t.Fatalf("recv %+v", c)
+	}
+	if !bytes.Equal(append(append([]byte{}, rb1[50:]...), rb2[:len(want)-50]...), want) {
+		t.Fatal("received data differs")
+	}
+}
+
+// TestUnsignaledAndOrder: unsignaled work makes no completion, signaled
+// work completes in posting order, and a Send posted after Writes reaches
+// the peer only after the Writes are placed.
+func TestUnsignaledAndOrder(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	src, sbuf := p.reg(t, 1<<20, gowarp.LocalWrite)
+	fillPattern(sbuf, 9)
+	dst, dbuf := p.reg(t, 1<<20, gowarp.RemoteWrite)
+	rmr, _ := p.reg(t, 64, gowarp.LocalWrite)
+	p.b.PostRecv(&gowarp.RecvWR{ID: 50, SGL: []gowarp.SGE{{MR: rmr, Length: 64}}})
+	for i := range 16 {
+		off := i << 16
+		flags := gowarp.WRFlags(0)
+		if i%4 == 3 {
+			flags = gowarp.Signaled
+		}
+		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: flags,
+			SGL: []gowarp.SGE{{MR: src, Offset: off, Length: 1 << 16}}, RemoteAddr: dst.Addr() + uint64(off), RKey: uint32(dst.STag())}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.a.PostSend(&gowarp.SendWR{ID: 99, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 8}}})
+	for _, id := range []uint64{3, 7, 11, 15, 99} {
+		if c := wait(t, p.acq); c.ID != id || c.Err() != nil {
+			t.Fatalf("completion %+v, want ID %d", c, id)
+		}
+	}
+	if n := p.acq.Len(); n != 0 {
+		t.Fatalf("%d extra completions", n)
+	}
+	if c := wait(t, p.bcq); c.ID != 50 {
+		t.Fatalf("recv %+v", c)
+	}
+	// The receive completed, so every earlier Write was placed.
+	if dst.Placed() != 1<<20 || !bytes.Equal(dbuf, sbuf) {
+		t.Fatalf("Writes not all placed before the Send completed: %d bytes", dst.Placed())
+	}
+}
+
+// TestSendInvalidateAndSolicited: a Send with Invalidate kills an STag the
+// receiver allowed to be invalidated and reports it; a solicited Send is
+// flagged; invalidating a region that does not allow it terminates.
+func TestSendInvalidateAndSolicited(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	src, _ := p.reg(t, 64, gowarp.LocalWrite)
+	victim, _ := p.reg(t, 64, gowarp.RemoteWrite|gowarp.RemoteInvalidate)
+	rmr, _ := p.reg(t, 64, gowarp.LocalWrite)
+	for i := range 3 {
+		p.b.PostRecv(&gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: rmr, Length: 64}}})
+	}
+	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, Flags: gowarp.Solicited, SGL: []gowarp.SGE{{MR: src, Length: 4}}})
+	if c := wait(t, p.bcq); !c.Solicited || c.Bytes != 4 {
+		t.Fatalf("solicited recv %+v", c)
+	}
+	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendInv, InvalidateSTag: uint32(victim.STag()), SGL: []gowarp.SGE{{MR: src, Length: 4}}})
+	if c := wait(t, p.bcq); c.Invalidated != uint32(victim.STag()) || c.Err() != nil {
+		t.Fatalf("recv with invalidate %+v", c)
+	}
+	if victim.Valid() {
+		t.Fatal("STag still valid after Send with Invalidate")
+	}
+	// Writing to the dead STag now fails at the peer.
+	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 4}}, RemoteAddr: victim.Addr(), RKey: uint32(victim.STag())})
+	waitState(t, p.b, gowarp.StateError)
+	if !errors.Is(p.b.Err(), wire.ErrDDPInvalidSTag) {
+		t.Fatalf("responder error %v", p.b.Err())
+	}
+
+	q := newPair(t, gowarp.ConnectOptions{})
+	src, _ = q.reg(t, 64, gowarp.LocalWrite)
+	keep, _ := q.reg(t, 64, gowarp.RemoteWrite)
+	rmr, _ = q.reg(t, 64, gowarp.LocalWrite)
+	q.b.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: rmr, Length: 64}}})
+	q.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendInv, InvalidateSTag: uint32(keep.STag()), SGL: []gowarp.SGE{{MR: src, Length: 4}}})
+	waitState(t, q.b, gowarp.StateError)
+	if !errors.Is(q.b.Err(), wire.ErrRDMAPCannotInvalidate) || !keep.Valid() {
+		t.Fatalf("refused invalidate: %v, valid %v", q.b.Err(), keep.Valid())
+	}
+}
+
+// TestZeroLength: zero-length Writes, Reads and Sends complete.
+func TestZeroLength(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	rmr, _ := p.reg(t, 8, gowarp.LocalWrite)
+	p.b.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: rmr, Length: 8}}})
+	p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled})
+	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled})
+	p.a.PostSend(&gowarp.SendWR{ID: 3, Op: gowarp.OpSend, Flags: gowarp.Signaled})
+	for id := uint64(1); id <= 3; id++ {
+		if c := wait(t, p.acq); c.ID != id || c.Err() != nil || c.Bytes != 0 {
+			t.Fatalf("completion %+v", c)
+		}
+	}
+	if c := wait(t, p.bcq); c.Bytes != 0 || c.Err() != nil {
+		t.Fatalf("recv %+v", c)
+	}
+}
+
+// TestConnectVariants: revision 1, revision 2 without peer-to-peer mode,
+// CRC asked by either side, and private data both ways.
+func TestConnectVariants(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cli, srv gowarp.ConnectOptions
+		crc      bool
+	}{
+		{"rev1", gowarp.ConnectOptions{MPARevision: 1}, gowarp.ConnectOptions{}, false},
+		{"rev1 crc", gowarp.ConnectOptions{MPARevision: 1, CRC: true}, gowarp.ConnectOptions{}, true},
+		{"rev2 no p2p", gowarp.ConnectOptions{NoP2P: true}, gowarp.ConnectOptions{}, false},
+		{"server asks crc", gowarp.ConnectOptions{}, gowarp.ConnectOptions{CRC: true}, true},
+		{"small fpdus", gowarp.ConnectOptions{MaxFPDU: 100, CRC: true}, gowarp.ConnectOptions{MaxFPDU: 64}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cli.PrivateData = []byte("hello from the client")
+			tc.srv.PrivateData = []byte("hello from the server")
+			dev := gowarp.Open()
+			pd := dev.AllocPD()
+			cq := dev.NewCQ(64)
+			a, _ := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+			b, _ := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+			defer a.Close()
+			defer b.Close()
+			ln, _ := dev.Listen("127.0.0.1:0")
+			defer ln.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() {
+				req, err := ln.Accept(ctx)
+				if err == nil {
+					err = req.Accept(ctx, b, tc.srv)
+				}
+				errc <- err
+			}()
+			if err := a.Connect(ctx, ln.Addr().String(), tc.cli); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if string(a.PeerPrivateData()) != "hello from the server" || string(b.PeerPrivateData()) != "hello from the client" {
+				t.Fatalf("private data %q / %q", a.PeerPrivateData(), b.PeerPrivateData())
+			}
+			if a.Params().CRC != tc.crc || b.Params().CRC != tc.crc {
+				t.Fatalf("CRC %v/%v, want %v", a.Params().CRC, b.Params().CRC, tc.crc)
+			}
+			// Both ends are requester and responder at once.
+			buf, _ := pd.Register(make([]byte, 5000), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite)
+			a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: buf, Length: 1000}}, RemoteAddr: buf.Addr() + 2000, RKey: uint32(buf.STag())})
+			b.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: buf, Offset: 4000, Length: 1000}}, RemoteAddr: buf.Addr(), RKey: uint32(buf.STag())})
+			for range 2 {
+				if c := wait(t, cq); c.Err() != nil {
+					t.Fatalf("completion %+v (%v %v)", c, a.Err(), b.Err())
+				}
+			}
+		})
+	}
+}
+
+// TestAckedCompletion: in Acked mode a signaled Write completes only once
+// the peer's TCP has acknowledged every byte: a receiver that stops reading
+// holds it back, and it completes when the receiver reads again. In Handed
+// mode the same Write completes as soon as the socket takes it.
+func TestAckedCompletion(t *testing.T) {
+	for _, mode := range []gowarp.CompletionMode{gowarp.Handed, gowarp.Acked} {
+		t.Run(mode.String(), func(t *testing.T) {
+			// A raw receiver with a small receive buffer that does not read.
+			lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+				return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 8192) })
+			}}
+			ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			conns := make(chan net.Conn, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				hdr := make([]byte, wire.MPAHeaderLen+4)
+				io.ReadFull(c, hdr)
+				rep, _ := (&wire.MPAFrame{Reply: true, Revision: 2, Enhanced: true, IRD: 1, ORD: 1}).Append(nil)
+				c.Write(rep)
+				conns <- c
+			}()
+			dev := gowarp.Open()
+			pd := dev.AllocPD()
+			cq := dev.NewCQ(8)
+			qp, _ := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq, Completion: mode})
+			defer qp.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{NoP2P: true}); err != nil {
+				t.Fatal(err)
+			}
+			c := <-conns
+			defer c.Close()
+			// 256 KiB fits the sender's socket buffer (handed) but not the
+			// receiver's window, so part of it stays unacknowledged.
+			const n = 256 << 10
+			src, _ := pd.Register(make([]byte, n), 0)
+			sndbuf := 0
+			if err := qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: n}}, RKey: 1}); err != nil {
+				t.Fatal(err)
+			}
+			_ = sndbuf
+			var wc [1]gowarp.Completion
+			deadline := time.Now().Add(500 * time.Millisecond)
+			for time.Now().Before(deadline) && cq.Poll(wc[:]) == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			got := wc[0].ID == 1
+			if mode == gowarp.Handed && !got {
+				t.Fatal("handed Write did not complete while the socket held its bytes")
+			}
+			if mode == gowarp.Acked && got {
+				t.Fatal("acked Write completed while the receiver held bytes unacknowledged")
+			}
+			if mode == gowarp.Acked {
+				go io.Copy(io.Discard, c) // the receiver reads again
+				if w := wait(t, cq); w.ID != 1 || w.Err() != nil {
+					t.Fatalf("acked completion %+v", w)
+				}
+			}
+		})
+	}
+}
+
+// TestDeregisterInUse: a region with work outstanding cannot be
+// deregistered; once the work completes it can.
+func TestDeregisterInUse(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	rmr, _ := p.reg(t, 64, gowarp.LocalWrite)
+	p.b.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: rmr, Length: 64}}})
+	if err := rmr.Deregister(); !errors.Is(err, gowarp.ErrRegionBusy) {
+		t.Fatalf("deregister with a receive posted: %v, want ErrRegionBusy", err)
+	}
+	src, _ := p.reg(t, 64, 0)
+	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 64}}})
+	wait(t, p.bcq)
+	if err := rmr.Deregister(); err != nil {
+		t.Fatalf("deregister after completion: %v", err)
+	}
+	if err := rmr.Deregister(); err == nil {
+		t.Fatal("second deregister succeeded")
+	}
+}
+
+// TestPostErrors: bad work requests are refused at post time with errors
+// that errors.Is matches.
+func TestPostErrors(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	mr, _ := p.reg(t, 64, 0)
+	many := make([]gowarp.SGE, gowarp.MaxSGE+1)
+	for i := range many {
+		many[i] = gowarp.SGE{MR: mr, Length: 1}
+	}
+	for _, tc := range []struct {
+		wr   gowarp.SendWR
+		want error
+	}{
+		{gowarp.SendWR{Op: 0}, gowarp.ErrBadOp},
+		{gowarp.SendWR{Op: gowarp.OpSend, SGL: many}, gowarp.ErrTooManySGE},
+		{gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Offset: 60, Length: 5}}}, gowarp.ErrLocalAccess},
+		{gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Offset: -1, Length: 5}}}, gowarp.ErrLocalAccess},
+		{gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{Length: 5}}}, gowarp.ErrLocalAccess},
+		{gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: mr, Length: 5}}}, gowarp.ErrLocalAccess}, // sink lacks LocalWrite
+	} {
+		if err := p.a.PostSend(&tc.wr); !errors.Is(err, tc.want) {
+			t.Errorf("PostSend(%+v) = %v, want %v", tc.wr, err, tc.want)
+		}
+	}
+	if err := p.a.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: mr, Length: 5}}}); !errors.Is(err, gowarp.ErrLocalAccess) {
+		t.Errorf("PostRecv into a read-only region: %v", err)
+	}
+	// Fill the receive queue.
+	w, _ := p.reg(t, 64, gowarp.LocalWrite)
+	var err error
+	for range 1000 {
+		if err = p.a.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: w, Length: 1}}}); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, gowarp.ErrQueueFull) {
+		t.Errorf("overfilled receive queue: %v", err)
+	}
+	idle, _ := p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq})
+	defer idle.Close()
+	if err := idle.PostSend(&gowarp.SendWR{Op: gowarp.OpSend}); !errors.Is(err, gowarp.ErrNotReady) {
+		t.Errorf("post on an idle QP: %v", err)
+	}
+}
+
+// TestSharedCQ: one CQ serves many QPs, and completions name their QP.
+func TestSharedCQ(t *testing.T) {
+	dev := gowarp.Open()
+	pd := dev.AllocPD()
+	cq := dev.NewCQ(256)
+	peerCQ := dev.NewCQ(256)
+	ln, _ := dev.Listen("127.0.0.1:0")
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const k = 8
+	qps := map[*gowarp.QP]bool{}
+	go func() {
+		for range k {
+			req, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			b, _ := pd.NewQP(gowarp.QPConfig{SendCQ: peerCQ, RecvCQ: peerCQ})
+			req.Accept(ctx, b, gowarp.ConnectOptions{})
+			t.Cleanup(func() { b.Close() })
+		}
+	}()
+	dst, _ := pd.Register(make([]byte, 64*k), gowarp.RemoteWrite)
+	src, _ := pd.Register(make([]byte, 64), 0)
+	for i := range k {
+		a, _ := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+		defer a.Close()
+		if err := a.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		qps[a] = false
+		a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: dst.Addr() + uint64(64*i), RKey: uint32(dst.STag())})
+	}
+	for range k {
+		c := wait(t, cq)
+		if seen, ok := qps[c.QP]; !ok || seen {
+			t.Fatalf("completion for unknown or repeated QP")
+		}
+		qps[c.QP] = true
+	}
+}
