@@ -572,7 +572,7 @@ func (q *QP) flushLocked() {
 	for ; q.rqHead < q.rqTail; q.rqHead++ {
 		e := &q.rq[q.rqHead%uint64(len(q.rq))]
 		st := WRFlushError
-		if q.rx.recvStatus != Success && q.rx.recv == e {
+		if q.rx.recvStatus != Success && q.rx.recv != nil && q.rx.recvIdx == q.rqHead {
 			st = q.rx.recvStatus
 		}
 		for i := range e.nsge {

@@ -40,8 +40,12 @@ type rxState struct {
 
 	msn [3]uint32 // next expected MSN per queue number
 
-	// The receive being filled by a Send, its progress and outcome.
+	// The receive being filled by a Send: a copy of the WQE (a flush may
+	// clear the ring entry meanwhile), its index in the ring, progress and
+	// outcome.
 	recv       *rqEntry
+	recvWQE    rqEntry
+	recvIdx    uint64
 	recvBytes  int
 	recvMSN    uint32
 	recvStatus Status
@@ -190,6 +194,9 @@ func (r *rxState) run() error {
 // fpdu receives one FPDU: header, placement, trailer, then its effects.
 func (r *rxState) fpdu() error {
 	q := r.q
+	if q.State() == StateError {
+		return net.ErrClosed // failed meanwhile: place nothing more
+	}
 	if err := r.fill(2); err != nil {
 		return err
 	}
@@ -487,9 +494,11 @@ func (r *rxState) send(h *wire.Header, n int) error {
 			q.mu.Unlock()
 			return newFault(wire.ErrDDPNoBuffer, "Send with no receive posted")
 		}
-		r.recv = &q.rq[q.rqHead%uint64(len(q.rq))]
-		q.mu.Unlock()
+		r.recvWQE = q.rq[q.rqHead%uint64(len(q.rq))]
+		r.recvIdx = q.rqHead
+		r.recv = &r.recvWQE
 		r.recvBytes, r.recvMSN, r.recvStatus = 0, h.MSN, Success
+		q.mu.Unlock()
 	} else {
 		if h.MSN != r.recvMSN {
 			return newFault(wire.ErrDDPInvalidMSN, "Send MSN %d inside message %d", h.MSN, r.recvMSN)
@@ -542,18 +551,17 @@ func (r *rxState) sendPlaced(h *wire.Header, n int) error {
 	r.msn[wire.QNSend]++
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.rqHead == q.rqTail || r.recv != &q.rq[q.rqHead%uint64(len(q.rq))] {
-		r.recv = nil // flushed meanwhile
-		return nil
+	r.recv = nil
+	if q.rqHead != r.recvIdx || q.rqHead == q.rqTail {
+		return nil // flushed meanwhile
 	}
-	e := r.recv
+	e := &q.rq[q.rqHead%uint64(len(q.rq))]
 	c.ID = e.id
 	for i := range e.nsge {
 		e.sges[i].MR.Release()
 	}
 	e.sges = [MaxSGE]SGE{}
 	q.rqHead++
-	r.recv = nil
 	if !q.cfg.RecvCQ.push(&c) {
 		q.overrunLocked()
 	}
@@ -590,8 +598,11 @@ func (r *rxState) place(n int, crc *uint32) error {
 	dst := r.dst
 	i := 0
 	for n > 0 {
-		for len(dst[i]) == 0 {
+		for i < len(dst) && len(dst[i]) == 0 {
 			i++
+		}
+		if i == len(dst) {
+			panic("engine: payload longer than its destination") // checked before placement
 		}
 		if r.w > r.r {
 			c := copy(dst[i], r.buf[r.r:r.w])
