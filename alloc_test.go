@@ -1,0 +1,81 @@
+package gowarp_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gowarp/gowarp"
+)
+
+// TestHotPathAllocs: posting, transmitting, receiving, placing and
+// completing Writes, Reads and Sends, signaled or not, allocates nothing in
+// steady state, on either side of the connection.
+func TestHotPathAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts are meaningless under -short")
+	}
+	for _, crc := range []bool{false, true} {
+		p := newPair(t, gowarp.ConnectOptions{CRC: crc})
+		src, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
+		dst, _ := p.reg(t, 256<<10, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite)
+		recv, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
+		ctx := context.Background()
+		var wc [4]gowarp.Completion
+		waitOne := func(cq *gowarp.CQ) {
+			for cq.Poll(wc[:1]) == 0 {
+				cq.Wait(ctx)
+			}
+			if wc[0].Status != gowarp.Success {
+				t.Fatalf("completion %+v", wc[0])
+			}
+		}
+		for _, size := range []int{8, 64 << 10, 200 << 10} {
+			sgl := []gowarp.SGE{{MR: src, Length: size / 2}, {MR: src, Offset: size / 2, Length: size - size/2}}
+			rsgl := []gowarp.SGE{{MR: recv, Length: size}}
+			for _, tc := range []struct {
+				name string
+				wr   gowarp.SendWR
+			}{
+				{"write", gowarp.SendWR{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}},
+				{"read", gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: recv, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}},
+				{"send", gowarp.SendWR{Op: gowarp.OpSend, SGL: sgl}},
+			} {
+				for _, signaled := range []bool{true, false} {
+					wr := tc.wr
+					run := func() {
+						if wr.Op == gowarp.OpSend {
+							p.b.PostRecv(&gowarp.RecvWR{SGL: rsgl})
+							if !signaled {
+								p.b.PostRecv(&gowarp.RecvWR{SGL: rsgl})
+							}
+						}
+						if !signaled {
+							// An unsignaled request, then a signaled one to know when it is done.
+							wr.Flags = 0
+							if err := p.a.PostSend(&wr); err != nil {
+								t.Fatal(err)
+							}
+						}
+						wr.Flags = gowarp.Signaled
+						if err := p.a.PostSend(&wr); err != nil {
+							t.Fatal(err)
+						}
+						waitOne(p.acq)
+						if wr.Op == gowarp.OpSend {
+							waitOne(p.bcq)
+							if !signaled {
+								waitOne(p.bcq)
+							}
+						}
+					}
+					for range 20 {
+						run() // warm up: buffers, timers and goroutine stacks settle
+					}
+					if n := testing.AllocsPerRun(200, run); n != 0 {
+						t.Errorf("crc %v %s %d bytes signaled %v: %.2f allocations per operation", crc, tc.name, size, signaled, n)
+					}
+				}
+			}
+		}
+	}
+}
