@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/internal/perf"
+)
+
+func init() {
+	register("perf", "bandwidth and latency of RDMA Write, Read and Send, and of plain TCP", perfMain)
+}
+
+const perfUsage = `usage: gowarp perf [flags]
+
+Measures RDMA Write, Read and Send bandwidth and latency over gowarp, and
+plain TCP over the same path as a floor. Without -server or -client, the
+server and the client run in this process over 127.0.0.1.
+
+With no flags it runs write_bw, read_bw, send_bw and tcp_bw at 64 KiB and
+write_lat, read_lat, send_lat and tcp_lat at 8 bytes, 1 s each.
+
+  gowarp perf -server :7174          serve until interrupted
+  gowarp perf -client host:7174      run the tests against it
+
+The plain-TCP tests (tcp_bw, tcp_lat) use the port after ADDR's (7175
+above); the server listens on both.
+
+Tests: write_bw, read_bw, send_bw, tcp_bw (bandwidth: -depth requests
+outstanding; MB/s = 10^6 bytes/s of payload) and write_lat, read_lat,
+send_lat, tcp_lat (latency in µs: one way, half the round trip, for the
+ping-pongs; the whole Read for read_lat), or all.
+
+flags:
+`
+
+// perfConfig is what the flags say.
+type perfConfig struct {
+	tests    testList
+	size     sizeFlag
+	sweep    bool
+	duration time.Duration
+	iters    int
+	depth    int
+	signal   int
+	json     bool
+	server   string
+	client   string
+	verbose  bool
+	conn     perf.ConnOptions
+}
+
+func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
+	c := &perfConfig{}
+	fs := flag.NewFlagSet("perf", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), perfUsage)
+		fs.PrintDefaults()
+	}
+	fs.Var(&c.tests, "test", "test `NAME` to run; repeat or separate with commas; all for every test")
+	fs.Var(&c.size, "size", "message size in `bytes` (K and M suffixes allowed; default 64K for bandwidth, 8 for latency)")
+	fs.BoolVar(&c.sweep, "sweep", false, "run every size from 2 B to 1 MiB in powers of two")
+	fs.DurationVar(&c.duration, "duration", time.Second, "length of each run (200ms per size with -sweep unless given)")
+	fs.IntVar(&c.iters, "iters", 0, "run `N` messages or round trips instead of a -duration")
+	fs.IntVar(&c.depth, "depth", perf.DefaultDepth, "work requests bandwidth tests keep outstanding")
+	fs.IntVar(&c.signal, "signal", 0, "bandwidth tests signal every `N`th work request (0: depth/4)")
+	fs.BoolVar(&c.conn.CRC, "crc", false, "ask for MPA CRC32c on every FPDU")
+	fs.IntVar(&c.conn.MPARevision, "mpa-rev", 2, "MPA revision, 1 or 2")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object per result instead of the table")
+	fs.StringVar(&c.server, "server", "", "serve tests on `ADDR` (host:port) and plain TCP on port+1, until interrupted")
+	fs.StringVar(&c.client, "client", "", "run the tests against the server at `ADDR` (host:port)")
+	fs.BoolVar(&c.conn.AsyncOnly, "async", false, "transmit every post from the QP's transmit goroutine (QPConfig.AsyncOnly)")
+	fs.Func("completion", "when signaled Sends and Writes complete: handed (the socket took them) or acked (the peer's TCP acknowledged them)", func(s string) error {
+		switch s {
+		case "handed":
+			c.conn.Completion = gowarp.Handed
+		case "acked":
+			c.conn.Completion = gowarp.Acked
+		default:
+			return errors.New("want handed or acked")
+		}
+		return nil
+	})
+	fs.IntVar(&c.conn.MaxFPDU, "fpdu", 0, "size of full FPDUs on the wire in `bytes` (0: the TCP segment)")
+	c.conn.Poll = defaultPoll
+	fs.Func("cq", "how to wait for completions: poll (busy Poll with runtime.Gosched) or wait (cq.Wait) (default "+waitName(defaultPoll)+")", func(s string) error {
+		switch s {
+		case "poll":
+			c.conn.Poll = true
+		case "wait":
+			c.conn.Poll = false
+		default:
+			return errors.New("want poll or wait")
+		}
+		return nil
+	})
+	fs.BoolVar(&c.verbose, "v", false, "log session events")
+	return fs, c
+}
+
+// defaultPoll: cq.Wait beat busy polling with runtime.Gosched on loopback
+// (busy pollers on every P keep the scheduler from polling the network).
+const defaultPoll = false
+
+func waitName(poll bool) string {
+	if poll {
+		return "poll"
+	}
+	return "wait"
+}
+
+func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, c := perfFlags(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "gowarp perf: "+format+"\n", a...)
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fail("unexpected arguments %q", fs.Args())
+	case c.server != "" && c.client != "":
+		return fail("-server and -client exclude each other")
+	case c.sweep && explicit["size"]:
+		return fail("-size and -sweep exclude each other")
+	case c.depth < 1 || c.depth > perf.MaxDepth:
+		return fail("-depth %d out of range [1, %d]", c.depth, perf.MaxDepth)
+	case c.conn.MPARevision != 1 && c.conn.MPARevision != 2:
+		return fail("-mpa-rev %d: want 1 or 2", c.conn.MPARevision)
+	case c.iters < 0 || (c.iters == 0 && c.duration <= 0):
+		return fail("need a positive -duration or -iters")
+	}
+	level := slog.LevelWarn
+	if c.verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if c.server != "" {
+		return perfServe(ctx, c, log, stderr)
+	}
+	if c.sweep && !explicit["duration"] {
+		c.duration = 200 * time.Millisecond
+	}
+	runs := c.runs()
+
+	client := &perf.Client{Addr: c.client}
+	where := "loopback"
+	if c.client == "" {
+		lb, err := perf.StartLoopback(&perf.Server{Log: log, Conn: c.conn})
+		if err != nil {
+			fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
+			return 1
+		}
+		defer lb.Close()
+		client = lb.Client
+		where = "loopback " + lb.Addr
+	} else {
+		where = "client of " + c.client
+	}
+	if !c.json {
+		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s\n",
+			where, c.conn.MPARevision, onOff(c.conn.CRC), c.conn.Completion, c.conn.AsyncOnly,
+			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll))
+		perf.WriteTableHeader(stdout)
+	}
+	enc := json.NewEncoder(stdout)
+	failed := 0
+	for _, r := range runs {
+		o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal,
+			Iters: c.iters, Duration: c.duration}
+		res, err := client.Run(ctx, r.test, o)
+		if err != nil {
+			if ctx.Err() != nil {
+				fmt.Fprintln(stderr, "gowarp perf: interrupted")
+				return 1
+			}
+			fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
+			failed++
+			continue
+		}
+		if c.json {
+			enc.Encode(res)
+		} else {
+			perf.WriteTableRow(stdout, res)
+		}
+	}
+	if failed > 0 {
+		return 1
+	}
+	return 0
+}
+
+func perfServe(ctx context.Context, c *perfConfig, log *slog.Logger, stderr io.Writer) int {
+	srv := &perf.Server{Log: log, Conn: c.conn}
+	srv.Dev = gowarp.Open(gowarp.WithLogger(log))
+	ln, tln, err := perf.Listen(srv.Dev, c.server)
+	if err != nil {
+		fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "gowarp perf: serving iWARP on %s, plain TCP on %s\n", ln.Addr(), tln.Addr())
+	if err := srv.Serve(ctx, ln, tln); err != nil {
+		fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+type run struct {
+	test perf.Test
+	size int
+}
+
+// defaultTests is the set run with no -test: bandwidth at 64 KiB, latency at 8 B.
+var defaultTests = []perf.Test{perf.WriteBW, perf.ReadBW, perf.SendBW, perf.TCPBW,
+	perf.WriteLat, perf.ReadLat, perf.SendLat, perf.TCPLat}
+
+func (c *perfConfig) runs() []run {
+	tests := []perf.Test(c.tests)
+	if len(tests) == 0 {
+		tests = defaultTests
+	}
+	var runs []run
+	for _, t := range tests {
+		switch {
+		case c.sweep:
+			for s := 2; s <= 1<<20; s *= 2 {
+				runs = append(runs, run{t, s})
+			}
+		case c.size > 0:
+			runs = append(runs, run{t, int(c.size)})
+		case t.Bandwidth():
+			runs = append(runs, run{t, 64 << 10})
+		default:
+			runs = append(runs, run{t, 8})
+		}
+	}
+	return runs
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func fpduName(n int) string {
+	if n == 0 {
+		return "auto"
+	}
+	return strconv.Itoa(n)
+}
+
+// testList is the value of -test: names, repeated or comma-separated.
+type testList []perf.Test
+
+func (l *testList) String() string {
+	var s []string
+	for _, t := range *l {
+		s = append(s, t.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *testList) Set(v string) error {
+	for _, name := range strings.Split(v, ",") {
+		name = strings.TrimSpace(name)
+		if name == "all" {
+			*l = append(*l, perf.AllTests()...)
+			continue
+		}
+		t, err := perf.ParseTest(name)
+		if err != nil {
+			return err
+		}
+		*l = append(*l, t)
+	}
+	return nil
+}
+
+// sizeFlag is a byte count with an optional K or M suffix (powers of 1024).
+type sizeFlag int
+
+func (s *sizeFlag) String() string { return strconv.Itoa(int(*s)) }
+
+func (s *sizeFlag) Set(v string) error {
+	mult := 1
+	switch {
+	case strings.HasSuffix(v, "K"), strings.HasSuffix(v, "k"):
+		mult, v = 1<<10, v[:len(v)-1]
+	case strings.HasSuffix(v, "M"), strings.HasSuffix(v, "m"):
+		mult, v = 1<<20, v[:len(v)-1]
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > perf.MaxSize/mult {
+		return fmt.Errorf("want a size from 1 to %d bytes", perf.MaxSize)
+	}
+	*s = sizeFlag(n * mult)
+	return nil
+}

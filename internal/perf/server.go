@@ -1,0 +1,367 @@
+package perf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// Server serves the tests to any number of clients, one after another or
+// at once. Each connection runs in its own goroutine with its own PD, CQ,
+// QP and buffer, all freed when the client leaves; a client that sends
+// nonsense or vanishes only ends its own session.
+type Server struct {
+	// Dev is the device the server registers its buffers with (nil: a new one).
+	Dev *gowarp.Device
+	// Log receives session events and errors (nil: slog.Default()).
+	Log *slog.Logger
+	// Conn sets the server's side of every connection: CRC is asked for
+	// whatever the client asks; AsyncOnly, Acked completion, Poll and a
+	// MaxFPDU here apply in addition to what the client asks.
+	Conn ConnOptions
+
+	// sessionDone, if set, is called with a session's buffer after its
+	// queue pair is closed (tests).
+	sessionDone func(t Test, size int, buf []byte)
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Log != nil {
+		return s.Log
+	}
+	return slog.Default()
+}
+
+// Serve serves iWARP connections from rdma and plain-TCP tests from tcp
+// (if not nil) until ctx is done or rdma fails. It closes both listeners
+// and returns once every session has ended; at ctx's end it returns nil.
+func (s *Server) Serve(ctx context.Context, rdma *gowarp.Listener, tcp net.Listener) error {
+	if s.Dev == nil {
+		s.Dev = gowarp.Open(gowarp.WithLogger(s.log()))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	defer rdma.Close()
+	if tcp != nil {
+		stop := context.AfterFunc(ctx, func() { tcp.Close() })
+		defer stop()
+		defer tcp.Close()
+		wg.Go(func() { s.serveTCP(ctx, tcp, &wg) })
+	}
+	for {
+		req, err := rdma.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Out of descriptors and the like: let sessions end, try again.
+			s.log().Warn("perf: accept", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		wg.Go(func() { s.session(ctx, req) })
+	}
+}
+
+// session serves one iWARP connection.
+func (s *Server) session(ctx context.Context, cr *gowarp.ConnRequest) {
+	log := s.log().With("peer", cr.RemoteAddr())
+	req, err := parseRequest(cr.PrivateData())
+	if err == nil {
+		err = s.checkRequest(&req)
+	}
+	if err != nil {
+		log.Warn("perf: refused a client", "err", err)
+		if err := cr.Reject(rejection(err.Error())); err != nil {
+			log.Debug("perf: reject", "err", err)
+		}
+		return
+	}
+	log = log.With("test", req.test, "size", req.size)
+	ss, err := s.newSession(&req)
+	if err != nil {
+		log.Error("perf: session setup", "err", err)
+		cr.Reject(rejection("server: " + err.Error()))
+		return
+	}
+	defer func() {
+		if err := ss.close(); err != nil {
+			log.Warn("perf: session cleanup", "err", err)
+		}
+		if s.sessionDone != nil {
+			s.sessionDone(req.test, int(req.size), ss.buf)
+		}
+	}()
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = cr.Accept(actx, ss.qp, ss.connectOptions(s.Conn))
+	cancel()
+	if err != nil {
+		log.Warn("perf: accept", "err", err)
+		return
+	}
+	log.Debug("perf: session start")
+	stop := context.AfterFunc(ctx, func() { ss.qp.Close() })
+	defer stop()
+	start := time.Now()
+	err = ss.run(ctx)
+	switch {
+	case ctx.Err() != nil:
+		log.Debug("perf: session ended by shutdown")
+	case err != nil && !clientLeft(err, ss.qp):
+		log.Warn("perf: session failed", "err", err, "after", time.Since(start))
+	default:
+		log.Debug("perf: session end", "after", time.Since(start))
+	}
+}
+
+// clientLeft reports whether err, the end of a session on qp, just says
+// that the client closed the connection.
+func clientLeft(err error, qp *gowarp.QP) bool {
+	return errors.Is(err, gowarp.ErrPeerClosed) || errors.Is(qp.Err(), gowarp.ErrPeerClosed)
+}
+
+func (s *Server) checkRequest(r *request) error {
+	switch {
+	case r.size < 1 || r.size > MaxSize:
+		return fmt.Errorf("size %d out of range [1, %d]", r.size, MaxSize)
+	case r.depth < 1 || r.depth > MaxDepth:
+		return fmt.Errorf("depth %d out of range [1, %d]", r.depth, MaxDepth)
+	case r.maxFPDU > 1<<16:
+		return fmt.Errorf("max FPDU %d out of range [0, 65536]", r.maxFPDU)
+	case r.test == WriteLat && (r.bufSTag == 0 || r.bufLen < r.size):
+		return fmt.Errorf("write_lat needs a client buffer of %d bytes, got %d bytes at STag %#x", r.size, r.bufLen, r.bufSTag)
+	case r.test == SendBW && r.creditSTag == 0:
+		return errors.New("send_bw needs a credit buffer")
+	}
+	return nil
+}
+
+// serverSession is the server's side of one connection.
+type serverSession struct {
+	req     request
+	pd      *gowarp.PD
+	cq      *gowarp.CQ
+	qp      *gowarp.QP
+	buf     []byte
+	mr      *gowarp.MR
+	credit  *gowarp.MR // source of credit Writes (send_bw)
+	poll    bool
+	recvs   int // receives kept posted
+	batch   int // send_bw: receives reposted per credit Write
+	maxFPDU int
+}
+
+// Receive depth of the latency tests, and the send queue of the server.
+const (
+	latRecvDepth = 16
+	serverSQ     = 64
+)
+
+func (s *Server) newSession(r *request) (*serverSession, error) {
+	ss := &serverSession{req: *r, pd: s.Dev.AllocPD(), poll: s.Conn.Poll || r.flags&flagPoll != 0}
+	ss.maxFPDU = s.Conn.MaxFPDU
+	if ss.maxFPDU == 0 {
+		ss.maxFPDU = int(r.maxFPDU)
+	}
+	switch r.test {
+	case SendBW:
+		ss.recvs = min(2*int(r.depth), MaxDepth)
+		ss.batch = max(1, ss.recvs/4)
+	case SendLat:
+		ss.recvs = latRecvDepth
+	default:
+		ss.recvs = 1 // an empty receive, whose flush tells that the client left
+	}
+	ss.cq = s.Dev.NewCQ(ss.recvs + serverSQ + 16)
+	completion := s.Conn.Completion
+	if r.flags&flagAcked != 0 {
+		completion = gowarp.Acked
+	}
+	var err error
+	ss.qp, err = ss.pd.NewQP(gowarp.QPConfig{SendCQ: ss.cq, RecvCQ: ss.cq, SendDepth: serverSQ, RecvDepth: ss.recvs,
+		Completion: completion, AsyncOnly: s.Conn.AsyncOnly || r.flags&flagAsync != 0})
+	if err != nil {
+		return nil, err
+	}
+	ss.buf = make([]byte, r.size)
+	pattern(ss.buf, serverSeed)
+	if ss.mr, err = ss.pd.Register(ss.buf, gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
+		ss.close()
+		return nil, err
+	}
+	if r.test == SendBW {
+		if ss.credit, err = ss.pd.Register(make([]byte, 8), 0); err != nil {
+			ss.close()
+			return nil, err
+		}
+	}
+	// Receives go up before the reply, so the client may Send at once.
+	wr := gowarp.RecvWR{}
+	if r.test == SendBW || r.test == SendLat {
+		wr.SGL = []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}
+	}
+	for i := range ss.recvs {
+		wr.ID = uint64(i)
+		if err := ss.qp.PostRecv(&wr); err != nil {
+			ss.close()
+			return nil, err
+		}
+	}
+	return ss, nil
+}
+
+func (ss *serverSession) connectOptions(c ConnOptions) gowarp.ConnectOptions {
+	rep := reply{bufSTag: uint32(ss.mr.STag()), bufLen: uint32(ss.mr.Len()), bufAddr: ss.mr.Addr(),
+		recvDepth: uint32(ss.recvs), creditBatch: uint32(ss.batch)}
+	return gowarp.ConnectOptions{PrivateData: rep.append(nil), CRC: c.CRC,
+		IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: ss.maxFPDU}
+}
+
+// close tears the session down: the queue pair first, so that no work is
+// outstanding on the regions, then the regions.
+func (ss *serverSession) close() error {
+	var errs []error
+	if ss.qp != nil {
+		ss.qp.Close()
+	}
+	for _, mr := range []*gowarp.MR{ss.mr, ss.credit} {
+		if mr != nil {
+			if err := mr.Deregister(); err != nil {
+				errs = append(errs, fmt.Errorf("deregister region %v: %w", mr.STag(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// run plays the server's side of the test until the client leaves.
+func (ss *serverSession) run(ctx context.Context) error {
+	w := waiter{ctx: ctx, cq: ss.cq, poll: ss.poll}
+	switch ss.req.test {
+	case SendBW:
+		return ss.sendBW(ctx, &w)
+	case SendLat:
+		return ss.sendLat(ctx, &w)
+	case WriteLat:
+		return ss.writeLat(ctx)
+	}
+	// write_bw, read_bw, read_lat: the client does everything; the flush
+	// of the one posted receive says when it has gone.
+	w.poll = false
+	var wc [4]gowarp.Completion
+	for {
+		n, err := w.next(wc[:])
+		if err != nil {
+			return err
+		}
+		for _, c := range wc[:n] {
+			if err := c.Err(); err != nil {
+				return err
+			}
+		}
+		// A successful completion here is a Send the test does not
+		// expect: the client is misbehaving.
+		return errors.New("unexpected Send from the client")
+	}
+}
+
+// sendBW keeps receives posted, reposting each as it completes, and
+// returns credits to the client: one 8-byte Write to its credit buffer
+// per batch of reposted receives.
+func (ss *serverSession) sendBW(ctx context.Context, w *waiter) error {
+	wc := make([]gowarp.Completion, 64)
+	recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
+	credit := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: ss.credit, Length: 8}},
+		RemoteAddr: ss.req.creditAddr, RKey: ss.req.creditSTag}
+	reposted, owed := 0, 0
+	for {
+		n, err := w.next(wc)
+		if err != nil {
+			return err
+		}
+		for _, c := range wc[:n] {
+			if err := c.Err(); err != nil {
+				return err
+			}
+			if c.Op != gowarp.CompRecv {
+				continue
+			}
+			recv.ID = c.ID
+			if err := ss.qp.PostRecv(&recv); err != nil {
+				return err
+			}
+			if reposted++; reposted%ss.batch == 0 {
+				owed++
+			}
+		}
+		for ; owed > 0; owed-- {
+			if err := ss.qp.PostSend(&credit); err != nil {
+				if errors.Is(err, gowarp.ErrQueueFull) {
+					break // try again after the next completions
+				}
+				return err
+			}
+		}
+	}
+}
+
+// sendLat answers every Send with a Send of the same size.
+func (ss *serverSession) sendLat(ctx context.Context, w *waiter) error {
+	wc := make([]gowarp.Completion, 16)
+	recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
+	send := gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
+	for {
+		n, err := w.next(wc)
+		if err != nil {
+			return err
+		}
+		for _, c := range wc[:n] {
+			if err := c.Err(); err != nil {
+				return err
+			}
+			if c.Op != gowarp.CompRecv {
+				continue
+			}
+			recv.ID = c.ID
+			if err := ss.qp.PostRecv(&recv); err != nil {
+				return err
+			}
+			if err := postRetry(ctx, ss.qp, &send); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// writeLat waits for each of the client's Writes to land in the buffer
+// and answers it with a Write of the same size into the client's buffer.
+func (ss *serverSession) writeLat(ctx context.Context) error {
+	size := uint64(ss.req.size)
+	write := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: ss.mr, Length: int(size)}},
+		RemoteAddr: ss.req.bufAddr, RKey: ss.req.bufSTag}
+	want := ss.mr.Placed()
+	for {
+		want += size
+		if err := waitPlaced(ctx, ss.mr, want, ss.qp); err != nil {
+			return err
+		}
+		if err := postRetry(ctx, ss.qp, &write); err != nil {
+			return err
+		}
+	}
+}
