@@ -209,8 +209,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 func perfServe(ctx context.Context, c *perfConfig, log *slog.Logger, stderr io.Writer) int {
 	srv := &perf.Server{Log: log, Conn: c.conn}
-	srv.Dev = gowarp.Open(gowarp.WithLogger(log))
-	ln, tln, err := perf.Listen(srv.Dev, c.server)
+	ln, tln, err := perf.Listen(gowarp.Open(gowarp.WithLogger(log)), c.server)
 	if err != nil {
 		fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
 		return 1

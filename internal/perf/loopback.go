@@ -18,10 +18,7 @@ type Loopback struct {
 
 // StartLoopback starts srv on 127.0.0.1 (a free port and the one after it).
 func StartLoopback(srv *Server) (*Loopback, error) {
-	if srv.Dev == nil {
-		srv.Dev = gowarp.Open(gowarp.WithLogger(srv.log()))
-	}
-	ln, tln, err := Listen(srv.Dev, "127.0.0.1:0")
+	ln, tln, err := Listen(gowarp.Open(gowarp.WithLogger(srv.log())), "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}

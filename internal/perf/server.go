@@ -16,9 +16,11 @@ import (
 // at once. Each connection runs in its own goroutine with its own PD, CQ,
 // QP and buffer, all freed when the client leaves; a client that sends
 // nonsense or vanishes only ends its own session.
+//
+// Each session has a device of its own (an STag table): besides keeping
+// sessions apart, this frees whatever the engine may still hold when a
+// client vanishes mid-transfer (see serverSession.close).
 type Server struct {
-	// Dev is the device the server registers its buffers with (nil: a new one).
-	Dev *gowarp.Device
 	// Log receives session events and errors (nil: slog.Default()).
 	Log *slog.Logger
 	// Conn sets the server's side of every connection: CRC is asked for
@@ -42,20 +44,40 @@ func (s *Server) log() *slog.Logger {
 // (if not nil) until ctx is done or rdma fails. It closes both listeners
 // and returns once every session has ended; at ctx's end it returns nil.
 func (s *Server) Serve(ctx context.Context, rdma *gowarp.Listener, tcp net.Listener) error {
-	if s.Dev == nil {
-		s.Dev = gowarp.Open(gowarp.WithLogger(s.log()))
-	}
 	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	defer cancel()
-	defer rdma.Close()
+	// Either listener is closed at the end of ctx, which ends its accept
+	// loops; sessions end with ctx too.
+	context.AfterFunc(ctx, func() { rdma.Close() })
+	var wg sync.WaitGroup
 	if tcp != nil {
-		stop := context.AfterFunc(ctx, func() { tcp.Close() })
-		defer stop()
-		defer tcp.Close()
+		context.AfterFunc(ctx, func() { tcp.Close() })
 		wg.Go(func() { s.serveTCP(ctx, tcp, &wg) })
 	}
+	var failed error
+	var once sync.Once
+	for range acceptors {
+		wg.Go(func() {
+			if err := s.accept(ctx, rdma, &wg); err != nil {
+				once.Do(func() { failed = err })
+				cancel()
+			}
+		})
+	}
+	<-ctx.Done()
+	wg.Wait()
+	return failed
+}
+
+// acceptors is how many goroutines accept connections at once.
+// gowarp's Listener.Accept reads the MPA request of each connection it
+// accepts before it returns, for up to 10 s, so a client that connects
+// and says nothing holds one acceptor that long; the others go on.
+const acceptors = 8
+
+// accept accepts connections and starts their sessions until ctx is done
+// (nil) or the listener fails.
+func (s *Server) accept(ctx context.Context, rdma *gowarp.Listener, wg *sync.WaitGroup) error {
 	for {
 		req, err := rdma.Accept(ctx)
 		if err != nil {
@@ -93,16 +115,14 @@ func (s *Server) session(ctx context.Context, cr *gowarp.ConnRequest) {
 		return
 	}
 	log = log.With("test", req.test, "size", req.size)
-	ss, err := s.newSession(&req)
+	ss, err := s.newSession(&req, log)
 	if err != nil {
 		log.Error("perf: session setup", "err", err)
 		cr.Reject(rejection("server: " + err.Error()))
 		return
 	}
 	defer func() {
-		if err := ss.close(); err != nil {
-			log.Warn("perf: session cleanup", "err", err)
-		}
+		ss.close()
 		if s.sessionDone != nil {
 			s.sessionDone(req.test, int(req.size), ss.buf)
 		}
@@ -119,20 +139,17 @@ func (s *Server) session(ctx context.Context, cr *gowarp.ConnRequest) {
 	defer stop()
 	start := time.Now()
 	err = ss.run(ctx)
+	qerr := ss.qp.Err()
 	switch {
 	case ctx.Err() != nil:
 		log.Debug("perf: session ended by shutdown")
-	case err != nil && !clientLeft(err, ss.qp):
-		log.Warn("perf: session failed", "err", err, "after", time.Since(start))
-	default:
+	case errors.Is(err, gowarp.ErrPeerClosed) || errors.Is(qerr, gowarp.ErrPeerClosed):
 		log.Debug("perf: session end", "after", time.Since(start))
+	case errors.Is(qerr, gowarp.ErrLinkLost):
+		log.Info("perf: client connection lost", "err", qerr, "after", time.Since(start))
+	default:
+		log.Warn("perf: session failed", "err", err, "qp", qerr, "after", time.Since(start))
 	}
-}
-
-// clientLeft reports whether err, the end of a session on qp, just says
-// that the client closed the connection.
-func clientLeft(err error, qp *gowarp.QP) bool {
-	return errors.Is(err, gowarp.ErrPeerClosed) || errors.Is(qp.Err(), gowarp.ErrPeerClosed)
 }
 
 func (s *Server) checkRequest(r *request) error {
@@ -154,6 +171,7 @@ func (s *Server) checkRequest(r *request) error {
 // serverSession is the server's side of one connection.
 type serverSession struct {
 	req     request
+	log     *slog.Logger
 	pd      *gowarp.PD
 	cq      *gowarp.CQ
 	qp      *gowarp.QP
@@ -172,8 +190,9 @@ const (
 	serverSQ     = 64
 )
 
-func (s *Server) newSession(r *request) (*serverSession, error) {
-	ss := &serverSession{req: *r, pd: s.Dev.AllocPD(), poll: s.Conn.Poll || r.flags&flagPoll != 0}
+func (s *Server) newSession(r *request, log *slog.Logger) (*serverSession, error) {
+	dev := gowarp.Open(gowarp.WithLogger(log))
+	ss := &serverSession{req: *r, log: log, pd: dev.AllocPD(), poll: s.Conn.Poll || r.flags&flagPoll != 0}
 	ss.maxFPDU = s.Conn.MaxFPDU
 	if ss.maxFPDU == 0 {
 		ss.maxFPDU = int(r.maxFPDU)
@@ -187,7 +206,7 @@ func (s *Server) newSession(r *request) (*serverSession, error) {
 	default:
 		ss.recvs = 1 // an empty receive, whose flush tells that the client left
 	}
-	ss.cq = s.Dev.NewCQ(ss.recvs + serverSQ + 16)
+	ss.cq = dev.NewCQ(ss.recvs + serverSQ + 16)
 	completion := s.Conn.Completion
 	if r.flags&flagAcked != 0 {
 		completion = gowarp.Acked
@@ -234,19 +253,24 @@ func (ss *serverSession) connectOptions(c ConnOptions) gowarp.ConnectOptions {
 
 // close tears the session down: the queue pair first, so that no work is
 // outstanding on the regions, then the regions.
-func (ss *serverSession) close() error {
-	var errs []error
+//
+// When a client vanishes mid-transfer the engine may keep a reference to
+// a region even after the queue pair is closed (an inbound Read Request
+// flushed from the IRQ, or a Write cut off mid-FPDU, is never released),
+// and Deregister fails with ErrRegionBusy. The region then stays in the
+// session's own STag table, which nothing references once the session is
+// over, so it is collected with it.
+func (ss *serverSession) close() {
 	if ss.qp != nil {
 		ss.qp.Close()
 	}
 	for _, mr := range []*gowarp.MR{ss.mr, ss.credit} {
 		if mr != nil {
 			if err := mr.Deregister(); err != nil {
-				errs = append(errs, fmt.Errorf("deregister region %v: %w", mr.STag(), err))
+				ss.log.Debug("perf: deregister after close", "stag", mr.STag(), "err", err)
 			}
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // run plays the server's side of the test until the client leaves.
@@ -354,7 +378,10 @@ func (ss *serverSession) writeLat(ctx context.Context) error {
 	size := uint64(ss.req.size)
 	write := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: ss.mr, Length: int(size)}},
 		RemoteAddr: ss.req.bufAddr, RKey: ss.req.bufSTag}
-	want := ss.mr.Placed()
+	// The region is new: its count starts at 0. (Reading it here instead
+	// would race with the client's first Write, which may land as soon as
+	// the connection is accepted.)
+	var want uint64
 	for {
 		want += size
 		if err := waitPlaced(ctx, ss.mr, want, ss.qp); err != nil {

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// runCmd runs the command line args and returns its exit status and output.
+func runCmd(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr syncBuffer
+	code := dispatch(ctx, args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+var (
+	bwKeys  = []string{"bw_MBps", "iters", "msg_rate_Mpps", "size", "test"}
+	latKeys = []string{"iters", "lat_us_avg", "lat_us_min", "lat_us_p50", "lat_us_p99", "size", "test"}
+)
+
+// checkJSON checks that out is one JSON object per line, in the shape of
+// its test, and returns the objects.
+func checkJSON(t *testing.T, out string) []map[string]any {
+	t.Helper()
+	var objs []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		keys := slices.Sorted(maps.Keys(m))
+		want := latKeys
+		if strings.HasSuffix(m["test"].(string), "_bw") {
+			want = bwKeys
+		}
+		if !slices.Equal(keys, want) {
+			t.Errorf("%s: keys %v, want %v", sc.Text(), keys, want)
+		}
+		for _, k := range keys {
+			if k == "test" {
+				continue
+			}
+			if v, ok := m[k].(float64); !ok || v <= 0 {
+				t.Errorf("%s: %s is %v, want a positive number", sc.Text(), k, m[k])
+			}
+		}
+		if strings.HasSuffix(m["test"].(string), "_lat") {
+			lo, p50, p99 := m["lat_us_min"].(float64), m["lat_us_p50"].(float64), m["lat_us_p99"].(float64)
+			if !(lo <= p50 && p50 <= p99) {
+				t.Errorf("%s: latencies out of order", sc.Text())
+			}
+		}
+		objs = append(objs, m)
+	}
+	return objs
+}
+
+func TestPerfJSONShape(t *testing.T) {
+	code, out, errs := runCmd(t, context.Background(), "perf", "-json", "-iters", "30", "-test", "all", "-size", "512", "-depth", "8")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	objs := checkJSON(t, out)
+	var names []string
+	for _, m := range objs {
+		names = append(names, m["test"].(string))
+		if m["size"] != 512.0 || m["iters"] != 30.0 {
+			t.Errorf("%v: size %v iters %v, want 512 and 30", m["test"], m["size"], m["iters"])
+		}
+	}
+	want := []string{"write_bw", "read_bw", "send_bw", "tcp_bw", "write_lat", "read_lat", "send_lat", "tcp_lat"}
+	if !slices.Equal(names, want) {
+		t.Errorf("tests %v, want %v", names, want)
+	}
+}
+
+func TestPerfDefaultTable(t *testing.T) {
+	// The default set, cut short with -iters.
+	code, out, errs := runCmd(t, context.Background(), "perf", "-iters", "20")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 10 || !strings.HasPrefix(lines[0], "# gowarp perf: loopback 127.0.0.1:") ||
+		!strings.Contains(lines[1], "BW[MB/s]") || !strings.Contains(lines[1], "t_p99[us]") {
+		t.Fatalf("output:\n%s", out)
+	}
+	row := regexp.MustCompile(`^(\w+)\s+(\d+)\s+20\s`)
+	var got []string
+	for _, l := range lines[2:] {
+		m := row.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("row %q", l)
+		}
+		got = append(got, m[1]+" "+m[2])
+	}
+	want := []string{"write_bw 65536", "read_bw 65536", "send_bw 65536", "tcp_bw 65536",
+		"write_lat 8", "read_lat 8", "send_lat 8", "tcp_lat 8"}
+	if !slices.Equal(got, want) {
+		t.Errorf("rows %v, want %v", got, want)
+	}
+}
+
+func TestPerfSweep(t *testing.T) {
+	code, out, errs := runCmd(t, context.Background(), "perf", "-json", "-sweep", "-iters", "2", "-test", "read_lat")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	objs := checkJSON(t, out)
+	if len(objs) != 20 || objs[0]["size"] != 2.0 || objs[19]["size"] != float64(1<<20) {
+		t.Errorf("sweep gave %d results:\n%s", len(objs), out)
+	}
+}
+
+func TestPerfBadUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"perf", "-test", "write_bandwidth"}, 2, `unknown test "write_bandwidth"`},
+		{[]string{"perf", "-server", ":1", "-client", "x:1"}, 2, "exclude each other"},
+		{[]string{"perf", "-mpa-rev", "3"}, 2, "-mpa-rev 3"},
+		{[]string{"perf", "-completion", "soon"}, 2, "handed or acked"},
+		{[]string{"perf", "-size", "0"}, 2, "want a size"},
+		{[]string{"perf", "-sweep", "-size", "8"}, 2, "exclude each other"},
+		{[]string{"perf", "-depth", "0"}, 2, "-depth 0"},
+		{[]string{"perf", "extra"}, 2, "unexpected arguments"},
+		{[]string{"perf", "-help"}, 0, "port after ADDR"},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"help"}, 0, "perf"},
+		// Nobody listens on port 1: the runs fail, the tool says why.
+		{[]string{"perf", "-client", "127.0.0.1:1", "-test", "write_bw", "-iters", "1"}, 1, "connection refused"},
+	} {
+		code, _, errs := runCmd(t, context.Background(), tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.msg) {
+			t.Errorf("%q: exit %d, stderr %q; want exit %d and %q", tc.args, code, errs, tc.code, tc.msg)
+		}
+	}
+}
+
+// TestPerfServerMode runs `perf -server` and two `perf -client` at once
+// against it, then stops the server as an interrupt would.
+func TestPerfServerMode(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var srvErr syncBuffer
+	exited := make(chan int, 1)
+	go func() { exited <- dispatch(ctx, []string{"perf", "-server", "127.0.0.1:0"}, io.Discard, &srvErr) }()
+	var addr string
+	re := regexp.MustCompile(`serving iWARP on (\S+), plain TCP on (\S+)`)
+	for deadline := time.Now().Add(5 * time.Second); addr == ""; time.Sleep(10 * time.Millisecond) {
+		if m := re.FindStringSubmatch(srvErr.String()); m != nil {
+			addr = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("server did not start: %s", srvErr.String())
+		}
+	}
+	var wg sync.WaitGroup
+	for _, tests := range []string{"write_bw,read_lat,tcp_bw", "send_bw,write_lat,tcp_lat,read_bw,send_lat"} {
+		wg.Go(func() {
+			code, out, errs := runCmd(t, ctx, "perf", "-client", addr, "-json", "-iters", "100", "-size", "4K", "-test", tests)
+			if code != 0 {
+				t.Errorf("client %s: exit %d: %s", tests, code, errs)
+				return
+			}
+			if n := len(checkJSON(t, out)); n != strings.Count(tests, ",")+1 {
+				t.Errorf("client %s: %d results", tests, n)
+			}
+		})
+	}
+	wg.Wait()
+	cancel()
+	select {
+	case code := <-exited:
+		if code != 0 {
+			t.Errorf("server exit %d: %s", code, srvErr.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("server did not stop")
+	}
+	if s := srvErr.String(); strings.Contains(s, "level=WARN") || strings.Contains(s, "level=ERROR") {
+		t.Errorf("server complained:\n%s", s)
+	}
+}
