@@ -186,3 +186,10 @@ type RegisterOptions = mem.Options
 func (pd *PD) RegisterBuffers(bufs [][]byte, access Access, o RegisterOptions) (*MR, error) {
 	return pd.dev.table.Register(pd.id, bufs, access, o)
 }
+
+// Prepared is a work request checked, pinned and encoded once and posted
+// many times: see QP.Prepare.
+type Prepared = engine.Prepared
+
+// ErrReleased is returned by a post of a released Prepared.
+var ErrReleased = engine.ErrReleased

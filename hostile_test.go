@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -544,5 +545,29 @@ func TestRemoteErrorCompletes(t *testing.T) {
 				t.Errorf("responder error %v", err)
 			}
 		})
+	}
+}
+
+// TestSilentPeerDoesNotStallListener: connections that send nothing do
+// not hold up a good client: it is accepted while they are all still
+// waiting for their handshake, not after the listener gave up on them.
+func TestSilentPeerDoesNotStallListener(t *testing.T) {
+	s := newServer(t, gowarp.ConnectOptions{})
+	var silent []net.Conn
+	for range 20 {
+		c, err := net.Dial("tcp", s.ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		silent = append(silent, c)
+	}
+	dialRaw(t, s.ln.Addr().String(), false, 1, 1)
+	s.accepted(t)
+	for i, c := range silent {
+		c.SetReadDeadline(time.Now())
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("silent connection %d was dropped before the good client was accepted: %v", i, err)
+		}
 	}
 }

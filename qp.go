@@ -3,7 +3,10 @@ package gowarp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"sync"
+	"time"
 
 	"github.com/gowarp/gowarp/internal/cm"
 	"github.com/gowarp/gowarp/internal/engine"
@@ -61,11 +64,21 @@ func (pd *PD) NewQP(c QPConfig) (*QP, error) {
 	})
 }
 
-// Listener accepts iWARP connections on a TCP address.
+// Listener accepts iWARP connections on a TCP address. Each incoming
+// connection's MPA request is read on its own goroutine, so a peer that
+// connects and stays silent holds up nobody.
 type Listener struct {
-	dev *Device
-	ln  net.Listener
+	dev  *Device
+	ln   net.Listener
+	reqs chan *ConnRequest
+	done chan struct{}
+	once sync.Once
+	err  error // why the accept loop ended; read after reqs is closed
 }
+
+// handshakeTimeout bounds the wait for an MPA request on an accepted
+// connection (siw waits 5 s).
+const handshakeTimeout = 5 * time.Second
 
 // Listen listens for connections on addr (host:port).
 func (d *Device) Listen(addr string) (*Listener, error) {
@@ -73,14 +86,71 @@ func (d *Device) Listen(addr string) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Listener{dev: d, ln: ln}, nil
+	l := &Listener{dev: d, ln: ln, reqs: make(chan *ConnRequest, 64), done: make(chan struct{})}
+	go l.acceptLoop()
+	return l, nil
+}
+
+func (l *Listener) acceptLoop() {
+	defer close(l.reqs)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			l.err = err
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.handshake(c)
+		}()
+	}
+}
+
+// handshake reads one connection's MPA request and queues it for Accept.
+func (l *Listener) handshake(c net.Conn) {
+	engine.SetNoDelay(c)
+	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case <-l.done:
+			c.Close()
+		default:
+		}
+	})
+	defer stop()
+	req, err := cm.ReadRequest(ctx, c)
+	if err != nil {
+		l.dev.log.Info("gowarp: dropped connection", "peer", c.RemoteAddr(), "err", err)
+		c.Close()
+		return
+	}
+	select {
+	case l.reqs <- &ConnRequest{c: c, req: req}:
+	case <-l.done:
+		c.Close()
+	}
 }
 
 // Addr returns the listening address.
 func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 
-// Close stops listening.
-func (l *Listener) Close() error { return l.ln.Close() }
+// Close stops listening; requests not yet accepted are dropped.
+func (l *Listener) Close() error {
+	err := l.ln.Close()
+	l.once.Do(func() {
+		close(l.done)
+		go func() { // drop what was queued
+			for r := range l.reqs {
+				r.c.Close()
+			}
+		}()
+	})
+	return err
+}
 
 // ConnRequest is an incoming connection waiting to be accepted or rejected.
 type ConnRequest struct {
@@ -94,31 +164,26 @@ func (r *ConnRequest) PrivateData() []byte { return r.req.PrivateData() }
 // RemoteAddr returns the connecting peer's address.
 func (r *ConnRequest) RemoteAddr() net.Addr { return r.c.RemoteAddr() }
 
-// Accept waits for the next connection request. A connecting peer that
-// sends no valid MPA request is dropped and logged, and Accept goes on
-// waiting: a misbehaving client never stops a listener.
+// Accept waits for the next connection request, until ctx is done or the
+// listener is closed. A connecting peer that sends no valid MPA request is
+// dropped and logged: a misbehaving client never stops a listener.
 func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
-	stop := context.AfterFunc(ctx, func() { l.ln.Close() })
-	defer stop()
-	for {
-		c, err := l.ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, err
+	select {
+	case r, ok := <-l.reqs:
+		if !ok {
+			return nil, fmt.Errorf("gowarp: listener: %w", l.err)
 		}
-		engine.SetNoDelay(c)
-		req, err := cm.ReadRequest(ctx, c)
-		if err != nil {
-			l.dev.log.Info("gowarp: dropped connection", "peer", c.RemoteAddr(), "err", err)
-			c.Close()
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			continue
+		select {
+		case <-l.done:
+			r.c.Close()
+			return nil, net.ErrClosed
+		default:
 		}
-		return &ConnRequest{c: c, req: req}, nil
+		return r, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 

@@ -401,3 +401,31 @@ func TestSharedCQ(t *testing.T) {
 		qps[c.QP] = true
 	}
 }
+
+// TestAbruptCloseReleasesRegions: a peer that vanishes in the middle of
+// large Reads and Writes leaves no reference on the responder's region:
+// once the QP is closed the region deregisters.
+func TestAbruptCloseReleasesRegions(t *testing.T) {
+	for range 5 {
+		p := newPair(t, gowarp.ConnectOptions{CRC: true})
+		big, _ := p.reg(t, 1<<20, gowarp.RemoteRead|gowarp.RemoteWrite)
+		local, _ := p.reg(t, 1<<20, gowarp.LocalWrite)
+		for i := range 20 {
+			op := gowarp.OpRead
+			if i%2 == 1 {
+				op = gowarp.OpWrite
+			}
+			p.a.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: local, Length: 1 << 20}}, RemoteAddr: big.Addr(), RKey: uint32(big.STag())})
+		}
+		time.Sleep(2 * time.Millisecond)
+		p.a.Close()
+		waitState(t, p.b, gowarp.StateError)
+		p.b.Close()
+		if err := big.Deregister(); err != nil {
+			t.Fatalf("responder region after the peer vanished: %v", err)
+		}
+		if err := local.Deregister(); err != nil {
+			t.Fatalf("requester region after Close: %v", err)
+		}
+	}
+}

@@ -105,9 +105,11 @@ type Params struct {
 }
 
 type sqEntry struct {
-	wr     SendWR // wr.SGL is nil: the SGEs are in sges
+	wr     SendWR // wr.SGL is nil: the SGEs are in sges, or in pre
 	sges   [MaxSGE]SGE
 	nsge   int
+	pre    *shape     // a Prepared's shape, whose SGEs it pins
+	tmpl   headerTmpl // the encoded header of the first FPDU
 	length int
 	endOff uint64 // stream offset past the last byte, once framed
 	framed bool
@@ -166,6 +168,8 @@ type QP struct {
 
 	irq              []irqEntry
 	irqHead, irqTail uint64
+
+	shapes [shapeSlots]shape
 
 	termPending *wire.Terminate
 	termScratch [64]byte
@@ -261,40 +265,44 @@ func roundQueue(n int) int { return max(1, min(n, 128)) }
 
 // PostSend queues a send-queue work request.
 func (q *QP) PostSend(wr *SendWR) error {
-	if len(wr.SGL) > MaxSGE {
-		return ErrTooManySGE
-	}
-	total := 0
-	switch wr.Op {
-	case OpSend, OpSendInv, OpWrite, OpRead:
-	default:
-		return ErrBadOp
-	}
-	for i := range wr.SGL {
-		s := &wr.SGL[i]
-		if err := checkLocal(s, wr.Op == OpRead); err != nil {
-			return err
-		}
-		total += s.Length
-	}
-	if total > 1<<32-1 {
-		return ErrTooLong
-	}
 	q.mu.Lock()
-	if s := q.State(); s != StateReady {
-		err := q.err
+	if err := q.postSendLocked(wr); err != nil {
 		q.mu.Unlock()
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrNotReady, err)
+		return err
+	}
+	q.kickLocked()
+	return nil
+}
+
+// PostSendList queues work requests in order with one doorbell: their
+// FPDUs leave together, in as few system calls as the socket allows. It
+// returns how many were queued; on an error the rest were not.
+func (q *QP) PostSendList(wrs []SendWR) (int, error) {
+	q.mu.Lock()
+	for i := range wrs {
+		if err := q.postSendLocked(&wrs[i]); err != nil {
+			if i > 0 {
+				q.kickLocked()
+			} else {
+				q.mu.Unlock()
+			}
+			return i, err
 		}
-		return ErrNotReady
 	}
-	if q.sqTail-q.sqHead == uint64(len(q.sq)) {
-		q.mu.Unlock()
-		return ErrQueueFull
+	q.kickLocked()
+	return len(wrs), nil
+}
+
+func (q *QP) postSendLocked(wr *SendWR) error {
+	sh, err := q.lookupShapeLocked(wr)
+	if err != nil {
+		return err
 	}
-	e := &q.sq[q.sqTail%uint64(len(q.sq))]
-	*e = sqEntry{wr: *wr, length: total}
+	e, err := q.sqSlotLocked()
+	if err != nil {
+		return err
+	}
+	e.wr, e.length, e.tmpl = *wr, sh.length, sh.tmpl
 	e.wr.SGL = nil
 	e.nsge = copy(e.sges[:], wr.SGL)
 	for i := range e.nsge {
@@ -304,13 +312,48 @@ func (q *QP) PostSend(wr *SendWR) error {
 		e.readsLeft = max(1, e.nsge)
 	}
 	q.sqTail++
-	q.kickLocked()
 	return nil
+}
+
+// sqSlotLocked returns the next free send-queue entry, reset, if the QP is
+// ready and the queue has room.
+func (q *QP) sqSlotLocked() (*sqEntry, error) {
+	if s := q.State(); s != StateReady {
+		if q.err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNotReady, q.err)
+		}
+		return nil, ErrNotReady
+	}
+	if q.sqTail-q.sqHead == uint64(len(q.sq)) {
+		return nil, ErrQueueFull
+	}
+	e := &q.sq[q.sqTail%uint64(len(q.sq))]
+	e.pre, e.nsge, e.endOff, e.framed, e.done, e.status, e.readsLeft, e.msn = nil, 0, 0, false, false, Success, 0, 0
+	return e, nil
 }
 
 // PostRecv queues a receive buffer. Receives may be posted before the
 // queue pair is connected.
 func (q *QP) PostRecv(wr *RecvWR) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.postRecvLocked(wr)
+}
+
+// PostRecvList queues receive buffers in order under one lock. It returns
+// how many were queued; on an error the rest were not.
+func (q *QP) PostRecvList(wrs []RecvWR) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i := range wrs {
+		if err := q.postRecvLocked(&wrs[i]); err != nil {
+			return i, err
+		}
+	}
+	return len(wrs), nil
+}
+
+func (q *QP) postRecvLocked(wr *RecvWR) error {
 	if len(wr.SGL) > MaxSGE {
 		return ErrTooManySGE
 	}
@@ -321,8 +364,6 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 		}
 		total += wr.SGL[i].Length
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
 	if s := q.State(); s == StateError || s == StateClosing {
 		return ErrNotReady
 	}
@@ -452,6 +493,7 @@ func (q *QP) retireLocked() {
 		}
 		for i := range e.nsge {
 			e.sges[i].MR.Release()
+			e.sges[i] = SGE{}
 		}
 		if e.wr.Flags&Signaled != 0 || e.status != Success {
 			c := Completion{ID: e.wr.ID, QP: q, Op: compOp(e.wr.Op), Status: e.status, Bytes: e.length}
@@ -459,7 +501,7 @@ func (q *QP) retireLocked() {
 				q.overrunLocked()
 			}
 		}
-		e.sges = [MaxSGE]SGE{}
+		e.pre, e.nsge = nil, 0
 		q.sqHead++
 	}
 }
@@ -567,7 +609,13 @@ func (q *QP) flushLocked() {
 	}
 	q.sqDone, q.sqTx = q.sqTail, q.sqTail
 	q.orqHead = q.orqTail
-	q.irqHead = q.irqTail
+	for ; q.irqHead < q.irqTail; q.irqHead++ {
+		e := &q.irq[q.irqHead%uint64(len(q.irq))]
+		if e.region != nil {
+			e.region.Release()
+		}
+		*e = irqEntry{}
+	}
 	q.retireLocked()
 	for ; q.rqHead < q.rqTail; q.rqHead++ {
 		e := &q.rq[q.rqHead%uint64(len(q.rq))]

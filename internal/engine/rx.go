@@ -137,7 +137,7 @@ func echoes(e *sqEntry, h *wire.Header) bool {
 	case OpWrite:
 		return h.Opcode == wire.OpWrite && h.STag == e.wr.RKey && h.TO >= e.wr.RemoteAddr && h.TO <= e.wr.RemoteAddr+uint64(e.length)
 	case OpRead:
-		return h.Opcode == wire.OpReadRequest && h.MSN >= e.msn && h.MSN < e.msn+uint32(max(1, e.nsge))
+		return h.Opcode == wire.OpReadRequest && h.MSN >= e.msn && h.MSN < e.msn+uint32(max(1, len(e.sgl())))
 	default:
 		return h.Opcode.Info().Send && h.MSN == e.msn
 	}
@@ -252,28 +252,20 @@ func (r *rxState) fpdu() error {
 		}
 	}
 	r.r += 2 + n + info.Extra
-	if err := r.place(payload, &crc); err != nil {
-		return err
-	}
-	pad := wire.PadLen(r.ulen)
-	if err := r.fill(pad + wire.CRCLen); err != nil {
-		return err
-	}
-	if r.crc {
-		crc = wire.UpdateCRC32c(crc, r.buf[r.r:r.r+pad])
-		if got := binary.LittleEndian.Uint32(r.buf[r.r+pad:]); got != crc {
-			return newFault(wire.ErrMPACRC, "CRC %#08x, computed %#08x", got, crc)
+	err = r.placeAndCheck(payload, crc)
+	if region != nil {
+		if err == nil {
+			region.AddPlaced(payload)
 		}
+		region.Release()
 	}
-	r.r += pad + wire.CRCLen
+	if err != nil {
+		return err
+	}
 
 	// The FPDU is whole and checked: act on it.
 	switch h.Opcode {
 	case wire.OpWrite:
-		if region != nil {
-			region.AddPlaced(payload)
-			region.Release()
-		}
 	case wire.OpReadResponse:
 		r.responsePlaced(&h, payload)
 	case wire.OpReadRequest:
@@ -289,6 +281,26 @@ func (r *rxState) fpdu() error {
 		q.peerUp.Store(true)
 		q.kick()
 	}
+	return nil
+}
+
+// placeAndCheck places the payload, then reads the trailer and, with CRC
+// on, checks the CRC over the whole FPDU.
+func (r *rxState) placeAndCheck(payload int, crc uint32) error {
+	if err := r.place(payload, &crc); err != nil {
+		return err
+	}
+	pad := wire.PadLen(r.ulen)
+	if err := r.fill(pad + wire.CRCLen); err != nil {
+		return err
+	}
+	if r.crc {
+		crc = wire.UpdateCRC32c(crc, r.buf[r.r:r.r+pad])
+		if got := binary.LittleEndian.Uint32(r.buf[r.r+pad:]); got != crc {
+			return newFault(wire.ErrMPACRC, "CRC %#08x, computed %#08x", got, crc)
+		}
+	}
+	r.r += pad + wire.CRCLen
 	return nil
 }
 

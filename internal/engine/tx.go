@@ -282,6 +282,22 @@ func header(op wire.Opcode) wire.Header {
 	return wire.Header{Opcode: op, Tagged: op.Info().Tagged, DDPVersion: wire.DDPVersion, RDMAPVersion: wire.RDMAPVersion, QN: op.Info().QN}
 }
 
+// sgl returns the entry's SGEs.
+func (e *sqEntry) sgl() []SGE {
+	if e.pre != nil {
+		return e.pre.sges[:e.pre.nsge]
+	}
+	return e.sges[:e.nsge]
+}
+
+// beginTmpl starts an FPDU whose header comes from a template.
+func (t *txState) beginTmpl(tm *headerTmpl, last bool, to uint64, msn, mo uint32) {
+	t.fStart = len(t.arena)
+	t.arena = putTmpl(t.arena[:t.fStart+2], tm, last, to, msn, mo)
+	t.addArena(t.fStart, len(t.arena))
+	t.fFirst = len(t.iov)
+}
+
 // frameSQ frames FPDUs of the entry at sqTx until it is framed or the
 // batch is full. It reports false when the entry must wait (ORQ full, or a
 // fence on outstanding Reads).
@@ -291,46 +307,50 @@ func (t *txState) frameSQ() bool {
 	if t.off == 0 && t.readIdx == 0 && e.wr.Flags&Fence != 0 && q.orqHead != q.orqTail {
 		return false
 	}
-	sges := e.sges[:e.nsge]
+	sges := e.sgl()
 	switch e.wr.Op {
 	case OpWrite:
 		for t.room() {
 			n := min(t.maxTagged, e.length-t.off)
-			h := header(wire.OpWrite)
-			h.Last = t.off+n == e.length
-			h.STag, h.TO = e.wr.RKey, e.wr.RemoteAddr+uint64(t.off)
-			t.frame(&h, nil, sges, n)
+			last := t.off+n == e.length
+			to := e.wr.RemoteAddr + uint64(t.off)
+			if e.tmpl.n > 0 {
+				t.beginTmpl(&e.tmpl, last, to, 0, 0)
+			} else {
+				h := header(wire.OpWrite)
+				h.Last, h.STag, h.TO = last, e.wr.RKey, to
+				t.begin(&h, nil)
+			}
+			t.addSGEs(sges, n)
+			t.end(n)
 			t.off += n
-			if h.Last {
+			if last {
 				t.finish(e)
 				return true
 			}
 		}
 	case OpSend, OpSendInv:
-		op := wire.OpSend
-		switch {
-		case e.wr.Op == OpSendInv && e.wr.Flags&Solicited != 0:
-			op = wire.OpSendSEInv
-		case e.wr.Op == OpSendInv:
-			op = wire.OpSendInv
-		case e.wr.Flags&Solicited != 0:
-			op = wire.OpSendSE
-		}
 		if t.off == 0 {
 			t.msn[wire.QNSend]++
 			e.msn = t.msn[wire.QNSend]
 		}
 		for t.room() {
 			n := min(t.maxUntagged, e.length-t.off)
-			h := header(op)
-			h.Last = t.off+n == e.length
-			h.MSN, h.MO = e.msn, uint32(t.off)
-			if op.Invalidates() {
-				h.RsvdULP = e.wr.InvalidateSTag
+			last := t.off+n == e.length
+			if e.tmpl.n > 0 {
+				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off))
+			} else {
+				h := header(sendOpcode(&e.wr))
+				h.Last, h.MSN, h.MO = last, e.msn, uint32(t.off)
+				if e.wr.Op == OpSendInv {
+					h.RsvdULP = e.wr.InvalidateSTag
+				}
+				t.begin(&h, nil)
 			}
-			t.frame(&h, nil, sges, n)
+			t.addSGEs(sges, n)
+			t.end(n)
 			t.off += n
-			if h.Last {
+			if last {
 				t.finish(e)
 				return true
 			}
@@ -358,10 +378,15 @@ func (t *txState) frameSQ() bool {
 			if t.readIdx == 0 {
 				e.msn = t.msn[wire.QNRead]
 			}
-			rr := wire.ReadRequest{SinkSTag: o.sinkSTag, SinkTO: o.sinkTO, Size: uint32(s.Length), SourceSTag: e.wr.RKey, SourceTO: to}
-			h := header(wire.OpReadRequest)
-			h.Last, h.MSN = true, t.msn[wire.QNRead]
-			t.frame(&h, rr.Append, nil, 0)
+			if e.tmpl.n > 0 {
+				t.beginTmpl(&e.tmpl, true, 0, t.msn[wire.QNRead], 0)
+			} else {
+				rr := wire.ReadRequest{SinkSTag: o.sinkSTag, SinkTO: o.sinkTO, Size: uint32(s.Length), SourceSTag: e.wr.RKey, SourceTO: to}
+				h := header(wire.OpReadRequest)
+				h.Last, h.MSN = true, t.msn[wire.QNRead]
+				t.begin(&h, rr.Append)
+			}
+			t.end(0)
 			to += uint64(s.Length)
 			t.readIdx++
 			if t.readIdx >= len(sges) {
