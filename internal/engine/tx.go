@@ -282,6 +282,20 @@ func header(op wire.Opcode) wire.Header {
 	return wire.Header{Opcode: op, Tagged: op.Info().Tagged, DDPVersion: wire.DDPVersion, RDMAPVersion: wire.RDMAPVersion, QN: op.Info().QN}
 }
 
+// segment returns the payload of the FPDU at offset off of a message of
+// length total, with at most max bytes per FPDU. A message that needs k
+// FPDUs is cut into k nearly equal ones (4-byte multiples but the last),
+// rather than full ones and a runt: a 64 KiB Write on loopback becomes two
+// 32 KiB FPDUs, each of which the receiver reads straight into place.
+func segment(max, total, off int) int {
+	left := total - off
+	if left <= max {
+		return left
+	}
+	k := (left + max - 1) / max
+	return min(max, ((left+k-1)/k+3)&^3)
+}
+
 // sgl returns the entry's SGEs.
 func (e *sqEntry) sgl() []SGE {
 	if e.pre != nil {
@@ -311,7 +325,7 @@ func (t *txState) frameSQ() bool {
 	switch e.wr.Op {
 	case OpWrite:
 		for t.room() {
-			n := min(t.maxTagged, e.length-t.off)
+			n := segment(t.maxTagged, e.length, t.off)
 			last := t.off+n == e.length
 			to := e.wr.RemoteAddr + uint64(t.off)
 			if e.tmpl.n > 0 {
@@ -335,7 +349,7 @@ func (t *txState) frameSQ() bool {
 			e.msn = t.msn[wire.QNSend]
 		}
 		for t.room() {
-			n := min(t.maxUntagged, e.length-t.off)
+			n := segment(t.maxUntagged, e.length, t.off)
 			last := t.off+n == e.length
 			if e.tmpl.n > 0 {
 				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off))
@@ -410,7 +424,7 @@ func (t *txState) finish(e *sqEntry) {
 func (t *txState) frameReadResponse() {
 	q := t.q
 	r := &q.irq[q.irqHead%uint64(len(q.irq))]
-	n := min(t.maxTagged, r.size-r.sent)
+	n := segment(t.maxTagged, r.size, r.sent)
 	h := header(wire.OpReadResponse)
 	h.Last = r.sent+n == r.size
 	h.STag, h.TO = r.sinkSTag, r.sinkTO+uint64(r.sent)
