@@ -311,10 +311,11 @@ func TestBadInputTerminates(t *testing.T) {
 			e.p.c.Write(b)
 		}, want: wire.ErrMPACRC},
 		{name: "read beyond IRD", ird: 1, send: func(e *env) {
-			// The first Read of 8 MiB cannot leave while we do not read,
-			// so the second finds the IRQ (IRD 1) full.
+			// The first Read of 32 MiB cannot leave while we do not read
+			// (more than both socket buffers hold), so the second finds the
+			// IRQ (IRD 1) full.
 			for range 2 {
-				e.p.readReq(wire.ReadRequest{SinkSTag: 7, Size: 8 << 20, SourceSTag: uint32(e.rw.STag()), SourceTO: e.rw.Addr()})
+				e.p.readReq(wire.ReadRequest{SinkSTag: 7, Size: 32 << 20, SourceSTag: uint32(e.rw.STag()), SourceTO: e.rw.Addr()})
 			}
 		}, want: wire.ErrRDMAPStream, echo: true},
 	}
@@ -324,7 +325,7 @@ func TestBadInputTerminates(t *testing.T) {
 			e := &env{}
 			size := 4096
 			if tc.name == "read beyond IRD" {
-				size = 8 << 20
+				size = 32 << 20
 			}
 			var err error
 			if e.rw, err = s.pd.Register(make([]byte, size), gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite); err != nil {

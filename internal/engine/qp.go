@@ -422,6 +422,18 @@ func (q *QP) kickLocked() {
 	q.transmit(false)
 }
 
+// kickAsyncLocked starts the transmit path on the transmit goroutine; q.mu
+// is held and is released.
+func (q *QP) kickAsyncLocked() {
+	if q.txBusy {
+		q.txAgain = true
+	} else {
+		q.txBusy = true
+		q.handTxLocked()
+	}
+	q.mu.Unlock()
+}
+
 // handTxLocked passes the held transmit role to the transmit goroutine.
 func (q *QP) handTxLocked() {
 	q.txHanded = true

@@ -21,6 +21,9 @@ const (
 	// maxHead is the longest DDP/RDMAP header plus body the parser needs
 	// at once: an untagged header and a Read Request body.
 	maxHead = wire.UntaggedHeaderLen + wire.ReadRequestLen
+	// inlineResponse is the largest Read Response the receive goroutine
+	// transmits itself (saving a wake-up of the transmit goroutine).
+	inlineResponse = 64 << 10
 	// maxTerminate bounds a received Terminate's ULPDU.
 	maxTerminate = 1024
 )
@@ -486,7 +489,11 @@ func (r *rxState) queueRead(rr *wire.ReadRequest) error {
 	}
 	q.irq[q.irqTail%uint64(len(q.irq))] = e
 	q.irqTail++
-	q.kickLocked()
+	if e.size <= inlineResponse {
+		q.kickLocked() // answer at once, from this goroutine if the role is free
+	} else {
+		q.kickAsyncLocked() // a long answer must not hold up the receive path
+	}
 	return nil
 }
 
