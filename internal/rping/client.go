@@ -1,0 +1,121 @@
+package rping
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// ClientOptions are rping's client flags.
+type ClientOptions struct {
+	Size     int  // ping data size (-S; default 64)
+	Count    int  // pings (-C; 0 pings until ctx is done)
+	Validate bool // compare the echoed data with what was sent (-V)
+	// Verbose receives rping's -v lines ("ping data: ..."); nil for none.
+	Verbose io.Writer
+	// Connect tunes the connection. rping's client asks for IRD = ORD = 1
+	// and no peer-to-peer mode; the server reads from the client, so IRD
+	// must be at least 1.
+	Connect gowarp.ConnectOptions
+	// Nudge, when not zero, is how long the client waits for the answer
+	// to its first message before it sends a zero-length RDMA Write to
+	// unstick a siw server that missed the message (see waitNudging).
+	// Zero for none.
+	Nudge time.Duration
+}
+
+// ErrMismatch is returned by a validating client whose echoed data differs
+// from what it sent (rping: "data mismatch!").
+var ErrMismatch = errors.New("rping: data mismatch")
+
+// Result sums up a session.
+type Result struct {
+	Pings   int           // completed pings
+	Elapsed time.Duration // from the first advertisement to the last go-ahead
+	MinRTT  time.Duration // fastest ping, advertisement to final go-ahead
+	Nudges  int           // zero-length Writes the first ping needed
+}
+
+// Ping connects to an rping server at addr (host:port) and pings it.
+func Ping(ctx context.Context, dev *gowarp.Device, addr string, o ClientOptions) (Result, error) {
+	if o.Size == 0 {
+		o.Size = DefaultSize
+	}
+	if err := CheckSize(o.Size); err != nil {
+		return Result{}, err
+	}
+	c, err := newConn(dev)
+	if err != nil {
+		return Result{}, err
+	}
+	defer c.close()
+	acc := gowarp.LocalWrite | gowarp.RemoteRead | gowarp.RemoteWrite
+	start, err := c.pd.Register(make([]byte, o.Size), acc)
+	if err != nil {
+		return Result{}, err
+	}
+	sink, err := c.pd.Register(make([]byte, o.Size), acc)
+	if err != nil {
+		return Result{}, err
+	}
+	// The receive is posted before the first Send can draw an answer.
+	if err := c.postRecv(); err != nil {
+		return Result{}, err
+	}
+	if err := c.qp.Connect(ctx, addr, o.Connect); err != nil {
+		return Result{}, err
+	}
+	var r Result
+	t0 := time.Now()
+	for ping := 0; o.Count == 0 || ping < o.Count; ping++ {
+		if ctx.Err() != nil {
+			break
+		}
+		ts := time.Now()
+		FillPing(start.Bytes(), ping)
+		clear(sink.Bytes())
+		if err := c.sendInfo(Info{Buf: start.Addr(), RKey: uint32(start.STag()), Size: uint32(o.Size)}); err != nil {
+			return r, err
+		}
+		// The server has read the start buffer.
+		wait := c.wait
+		if ping == 0 && o.Nudge > 0 {
+			wait = func(ctx context.Context, op gowarp.CompletionOp) (gowarp.Completion, error) {
+				return c.waitNudging(ctx, op, o.Nudge, 20)
+			}
+		}
+		if _, err := c.recvInfoWith(ctx, wait); err != nil {
+			return r, ctxErr(ctx, fmt.Errorf("ping %d, waiting for the server's read: %w", ping, err))
+		}
+		if err := c.sendInfo(Info{Buf: sink.Addr(), RKey: uint32(sink.STag()), Size: uint32(o.Size)}); err != nil {
+			return r, err
+		}
+		// The server has written the sink buffer.
+		if _, err := c.recvInfo(ctx); err != nil {
+			return r, ctxErr(ctx, fmt.Errorf("ping %d, waiting for the server's write: %w", ping, err))
+		}
+		rtt := time.Since(ts)
+		if r.MinRTT == 0 || rtt < r.MinRTT {
+			r.MinRTT = rtt
+		}
+		if o.Validate && !bytes.Equal(start.Bytes(), sink.Bytes()) {
+			return r, fmt.Errorf("%w in ping %d: sent %.40q..., got back %.40q...", ErrMismatch, ping, start.Bytes(), sink.Bytes())
+		}
+		if o.Verbose != nil {
+			fmt.Fprintf(o.Verbose, "ping data: %s\n", CString(sink.Bytes()))
+		}
+		r.Pings++
+		r.Elapsed = time.Since(t0)
+		r.Nudges = c.nudges
+	}
+	// rping disconnects when its count is done; the server sees the close.
+	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.qp.Disconnect(dctx)
+	return r, ctx.Err()
+}

@@ -1,0 +1,165 @@
+package rping
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// ErrDisconnected is returned when the peer leaves between pings, which
+// ends a server's session normally.
+var ErrDisconnected = errors.New("rping: peer disconnected")
+
+// conn is one end of an rping connection: the queue pair, its completion
+// queue, and the two 16-byte message buffers rping registers (the receive
+// buffer with local write, the send buffer with no rights).
+type conn struct {
+	pd   *gowarp.PD
+	qp   *gowarp.QP
+	cq   *gowarp.CQ
+	recv *gowarp.MR
+	send *gowarp.MR
+
+	wc     [8]gowarp.Completion
+	queued []gowarp.Completion
+	// norecv is why the receive could not be reposted: the queue pair
+	// failed after the last message arrived.
+	norecv error
+	nudges int // zero-length Writes sent by waitNudging
+}
+
+// sqDepth and the receive depth are rping's (RPING_SQ_DEPTH, max_recv_wr).
+const sqDepth = 16
+
+func newConn(dev *gowarp.Device) (*conn, error) {
+	c := &conn{pd: dev.AllocPD(), cq: dev.NewCQ(2 * sqDepth)}
+	var err error
+	if c.qp, err = c.pd.NewQP(gowarp.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, SendDepth: sqDepth, RecvDepth: 2}); err != nil {
+		return nil, err
+	}
+	if c.recv, err = c.pd.Register(make([]byte, InfoLen), gowarp.LocalWrite); err != nil {
+		return nil, err
+	}
+	if c.send, err = c.pd.Register(make([]byte, InfoLen), 0); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// postRecv posts the one receive for the peer's next message.
+func (c *conn) postRecv() error {
+	return c.qp.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: c.recv, Length: InfoLen}}})
+}
+
+// sendInfo Sends an advertisement (or, zero, a "go ahead").
+func (c *conn) sendInfo(i Info) error {
+	i.Append(c.send.Bytes()[:0])
+	return c.qp.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpSend, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: c.send, Length: InfoLen}}})
+}
+
+// wait returns the next completion of kind op. Successful Send
+// completions met on the way are consumed; any failed completion ends the
+// wait with an error that says why the queue pair failed.
+func (c *conn) wait(ctx context.Context, op gowarp.CompletionOp) (gowarp.Completion, error) {
+	for {
+		for len(c.queued) > 0 {
+			w := c.queued[0]
+			c.queued = c.queued[1:]
+			if err := w.Err(); err != nil {
+				return w, c.failure(w, err)
+			}
+			switch {
+			case w.Op == op:
+				return w, nil
+			case w.Op == gowarp.CompSend:
+			default:
+				return w, fmt.Errorf("rping: unexpected %v completion while waiting for %v", w.Op, op)
+			}
+		}
+		if n := c.cq.Poll(c.wc[:]); n > 0 {
+			c.queued = c.wc[:n]
+			continue
+		}
+		if err := c.cq.Wait(ctx); err != nil {
+			return gowarp.Completion{}, err
+		}
+	}
+}
+
+// failure explains a failed completion by the queue pair's error: a
+// flush because the peer closed the connection is ErrDisconnected.
+func (c *conn) failure(w gowarp.Completion, err error) error {
+	qerr := c.qp.Err()
+	if errors.Is(err, gowarp.WRFlushError) && errors.Is(qerr, gowarp.ErrPeerClosed) {
+		return ErrDisconnected
+	}
+	if qerr != nil {
+		return fmt.Errorf("rping: %v completion: %w (%w)", w.Op, err, qerr)
+	}
+	return fmt.Errorf("rping: %v completion: %w", w.Op, err)
+}
+
+// recvInfo waits for the peer's next message, reposts the receive and
+// decodes the message.
+func (c *conn) recvInfo(ctx context.Context) (Info, error) {
+	return c.recvInfoWith(ctx, c.wait)
+}
+
+func (c *conn) recvInfoWith(ctx context.Context, wait func(context.Context, gowarp.CompletionOp) (gowarp.Completion, error)) (Info, error) {
+	if c.norecv != nil {
+		if errors.Is(c.qp.Err(), gowarp.ErrPeerClosed) {
+			return Info{}, ErrDisconnected
+		}
+		return Info{}, c.norecv
+	}
+	w, err := wait(ctx, gowarp.CompRecv)
+	if err != nil {
+		return Info{}, err
+	}
+	if w.Bytes != InfoLen {
+		return Info{}, fmt.Errorf("%w, size %d", ErrBadMessage, w.Bytes)
+	}
+	info, _ := ParseInfo(c.recv.Bytes())
+	if err := c.postRecv(); err != nil {
+		// Verbs would take the receive and flush it; report the failure
+		// when the next message is awaited.
+		c.norecv = fmt.Errorf("rping: reposting the receive: %w", err)
+	}
+	return info, nil
+}
+
+func (c *conn) close() { c.qp.Close() }
+
+// nudge posts a zero-length RDMA Write: it names STag 1, as siw's own
+// ready-to-receive Write does, and a responder places nothing for it
+// (RFC 6581 uses it for the same reason). Its only effect is that new
+// bytes arrive at the peer.
+func (c *conn) nudge() error {
+	return c.qp.PostSend(&gowarp.SendWR{ID: 5, Op: gowarp.OpWrite, RKey: 1})
+}
+
+// waitNudging is wait for the first answer of a session. siw's responder
+// sends its MPA reply before it hands the socket to the queue pair
+// (siw_accept: siw_send_mpareqrep, then siw_qp_socket_assoc); an FPDU
+// that arrives in between stays unread until more bytes arrive. When no
+// answer comes within every, a zero-length Write brings those bytes, up
+// to tries times (see docs/interop.md).
+func (c *conn) waitNudging(ctx context.Context, op gowarp.CompletionOp, every time.Duration, tries int) (gowarp.Completion, error) {
+	for range tries {
+		wctx, cancel := context.WithTimeout(ctx, every)
+		w, err := c.wait(wctx, op)
+		cancel()
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return w, err
+		}
+		if err := c.nudge(); err != nil {
+			return gowarp.Completion{}, err
+		}
+		c.nudges++
+	}
+	return c.wait(ctx, op)
+}
