@@ -143,6 +143,13 @@ const (
 	termM = 0x8000 // DDP segment length valid
 	termD = 0x4000 // terminated DDP header included
 	termR = 0x2000 // terminated RDMAP header (Read Request body) included
+
+	// siw's M, D and R: see Terminate.SiwLayout.
+	siwM         = 0x0100
+	siwD         = 0x0200
+	siwR         = 0x0400
+	siwFlags     = siwM | siwD | siwR
+	termReserved = 0x1fff
 )
 
 // Terminate is the RDMAP body of a Terminate message (RFC 5040 §4.8): the
@@ -152,6 +159,17 @@ type Terminate struct {
 	// M, D and R as on the wire. Reserved holds the 13 reserved bits.
 	SegLenValid, HasDDPHeader, HasRDMAHeader bool
 	Reserved                                 uint16
+	// SiwLayout marks a control word laid out as Linux siw sends it. siw
+	// declares it as little-endian C bitfields (iwarp.h: layer:4, etype:4,
+	// ecode:8, flag_m:1, flag_d:1, flag_r:1), so on x86 Layer lands in the
+	// low nibble of the first byte and EType in the high one, and M, D and
+	// R in the three low bits of the third byte, where RFC 5040 §4.8 puts
+	// Layer first and the flags at the top. ParseTerminate recognises the
+	// layout by its flags: the RFC's clear, siw's set and every other bit
+	// of the third and fourth bytes clear (siw zeroes them). It then
+	// decodes Err and the flags as siw meant them. A siw Terminate with no
+	// flag set cannot be told apart and reads with Layer and EType swapped.
+	SiwLayout bool
 	// Rest is everything after the control word, as on the wire: with M,
 	// D or R a 2-byte DDP segment length, then (D) the offending DDP
 	// header, then (R) the offending Read Request body. Accessors decode it.
@@ -199,7 +217,10 @@ func (t *Terminate) Len() int { return terminateCtlLen + len(t.Rest) }
 
 // Append appends the encoded body (control word and Rest) to b.
 func (t *Terminate) Append(b []byte) []byte {
-	w := uint32(t.Err.Layer&0xf)<<28 | uint32(t.Err.Type&0xf)<<24 | uint32(t.Err.Code)<<16 | uint32(t.Reserved&0x1fff)
+	if t.SiwLayout {
+		return append(binary.BigEndian.AppendUint32(b, t.siwWord()), t.Rest...)
+	}
+	w := uint32(t.Err.Layer&0xf)<<28 | uint32(t.Err.Type&0xf)<<24 | uint32(t.Err.Code)<<16 | uint32(t.Reserved&termReserved)
 	if t.SegLenValid {
 		w |= termM
 	}
@@ -213,9 +234,25 @@ func (t *Terminate) Append(b []byte) []byte {
 	return append(b, t.Rest...)
 }
 
+// siwWord encodes the control word in siw's layout.
+func (t *Terminate) siwWord() uint32 {
+	w := uint32(t.Err.Type&0xf)<<28 | uint32(t.Err.Layer&0xf)<<24 | uint32(t.Err.Code)<<16
+	if t.SegLenValid {
+		w |= siwM
+	}
+	if t.HasDDPHeader {
+		w |= siwD
+	}
+	if t.HasRDMAHeader {
+		w |= siwR
+	}
+	return w
+}
+
 // ParseTerminate decodes a Terminate body (the bytes after the untagged
-// DDP header). It returns ErrTerminateFormat when the body is shorter than
-// its control word, or than the parts its M, D and R flags announce.
+// DDP header), in the RFC's layout or in siw's (see SiwLayout). It
+// returns ErrTerminateFormat when the body is shorter than its control
+// word, or than the parts its M, D and R flags announce.
 func ParseTerminate(b []byte) (Terminate, int, error) {
 	if len(b) < terminateCtlLen {
 		return Terminate{}, 0, ErrTerminateFormat
@@ -226,7 +263,16 @@ func ParseTerminate(b []byte) (Terminate, int, error) {
 		SegLenValid:   w&termM != 0,
 		HasDDPHeader:  w&termD != 0,
 		HasRDMAHeader: w&termR != 0,
-		Reserved:      uint16(w & 0x1fff),
+		Reserved:      uint16(w & termReserved),
+	}
+	if w&0xffff&^siwFlags == 0 && w&siwFlags != 0 {
+		t = Terminate{
+			Err:           TermError{Layer: Layer(w>>24) & 0xf, Type: uint8(w >> 28), Code: uint8(w >> 16)},
+			SegLenValid:   w&siwM != 0,
+			HasDDPHeader:  w&siwD != 0,
+			HasRDMAHeader: w&siwR != 0,
+			SiwLayout:     true,
+		}
 	}
 	if rest := b[terminateCtlLen:]; len(rest) > 0 {
 		t.Rest = rest

@@ -174,6 +174,62 @@ func TestTerminateRoundTrip(t *testing.T) {
 	}
 }
 
+// TestSiwTerminateLayout decodes Terminates the Linux kernel's siw sent
+// (captured from a guest, docs/interop.md): siw lays the control word out
+// as little-endian bitfields, Layer and EType swapped and M, D, R in the
+// low bits of the third byte. They decode to the errors siw meant and
+// re-encode byte for byte.
+func TestSiwTerminateLayout(t *testing.T) {
+	tests := []struct {
+		name       string
+		body       string
+		err        *TermError
+		m, d, r    bool
+		echoOp     Opcode
+		readSource uint32
+	}{
+		{
+			// An RDMA Write to an STag siw never issued: DDP, tagged, invalid
+			// STag (layer and type are both 1, so the swap is invisible).
+			"Write to a bad STag", "11000300 0010 c140 bad57a00 0000000000001000",
+			ErrDDPInvalidSTag, true, true, false, OpWrite, 0,
+		},
+		{
+			// An RDMA Read of an STag siw never issued: RDMAP, remote
+			// protection, invalid STag, the Read Request echoed. Read the
+			// RFC's way this is a DDP local catastrophic error.
+			"Read of a bad STag", "10000700 0000 4141 00000000 00000001 00000001 00000000 4fa4df00 000019e60162b230 00000010 bad57a00 0000000000001000",
+			ErrRDMAPInvalidSTag, true, true, true, OpReadRequest, 0xbad57a00,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := unhex(t, tt.body)
+			term, n, err := ParseTerminate(b)
+			if err != nil || n != len(b) {
+				t.Fatalf("ParseTerminate = %d, %v", n, err)
+			}
+			if !term.SiwLayout || term.Err != *tt.err || term.SegLenValid != tt.m || term.HasDDPHeader != tt.d || term.HasRDMAHeader != tt.r {
+				t.Errorf("decoded %+v, want %v with M %v D %v R %v in siw's layout", term, tt.err, tt.m, tt.d, tt.r)
+			}
+			if h, ok := term.DDPHeader(); !ok || h.Opcode != tt.echoOp {
+				t.Errorf("echoed header %+v, %v; want a %v", h, ok, tt.echoOp)
+			}
+			if rr, ok := term.ReadRequest(); tt.r && (!ok || rr.SourceSTag != tt.readSource) {
+				t.Errorf("echoed Read Request %+v, %v", rr, ok)
+			}
+			if enc := term.Append(nil); !bytes.Equal(enc, b) {
+				t.Errorf("re-encoded as % x, want % x", enc, b)
+			}
+		})
+	}
+	// What gowarp sends stays in the RFC's layout.
+	rfc := NewTerminate(ErrDDPNoBuffer, unhex(t, "4143 00000000 00000000 00000001 00000000"), 30, nil)
+	if enc := rfc.Append(nil); !bytes.Equal(enc[:4], []byte{0x12, 0x02, 0xc0, 0x00}) {
+		t.Errorf("gowarp's control word % x, want 12 02 c0 00", enc[:4])
+	}
+}
+
 // NewTerminate for the cases RFC 5040 §7.1 and siw (siw_send_terminate)
 // distinguish; whole Terminate FPDUs written out by hand.
 func TestNewTerminate(t *testing.T) {
