@@ -122,9 +122,13 @@ func (q *QP) peerTerminated(pt *peerTerminate) {
 	st := statusFor(&pt.t.Err)
 	q.mu.Lock()
 	if h, ok := pt.t.DDPHeader(); ok {
+		var rr *wire.ReadRequest
+		if body, ok := pt.t.ReadRequest(); ok {
+			rr = &body
+		}
 		for i := q.sqHead; i < q.sqTx; i++ {
 			e := &q.sq[i%uint64(len(q.sq))]
-			if !e.done && echoes(e, &h) {
+			if !e.done && echoes(e, &h, rr) {
 				e.status = st
 				break
 			}
@@ -134,13 +138,24 @@ func (q *QP) peerTerminated(pt *peerTerminate) {
 	q.fail(fmt.Errorf("%w: %w", ErrPeerTerminated, pt))
 }
 
-// echoes reports whether h is the header of a message e sent.
-func echoes(e *sqEntry, h *wire.Header) bool {
+// echoes reports whether h, with rr the echoed Read Request body if any,
+// is the header of a message e sent.
+func echoes(e *sqEntry, h *wire.Header, rr *wire.ReadRequest) bool {
 	switch e.wr.Op {
 	case OpWrite:
 		return h.Opcode == wire.OpWrite && h.STag == e.wr.RKey && h.TO >= e.wr.RemoteAddr && h.TO <= e.wr.RemoteAddr+uint64(e.length)
 	case OpRead:
-		return h.Opcode == wire.OpReadRequest && h.MSN >= e.msn && h.MSN < e.msn+uint32(max(1, len(e.sgl())))
+		if h.Opcode != wire.OpReadRequest {
+			return false
+		}
+		if rr != nil {
+			// The body names the Read's source. siw, when it finds the
+			// error while building the response, rebuilds the echo from
+			// its queue and puts the read size where the MSN belongs
+			// (siw_send_terminate), so the MSN cannot be trusted then.
+			return rr.SourceSTag == e.wr.RKey && rr.SourceTO >= e.wr.RemoteAddr && rr.SourceTO < e.wr.RemoteAddr+uint64(max(1, e.length))
+		}
+		return h.MSN >= e.msn && h.MSN < e.msn+uint32(max(1, len(e.sgl())))
 	default:
 		return h.Opcode.Info().Send && h.MSN == e.msn
 	}
