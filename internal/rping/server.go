@@ -43,6 +43,9 @@ func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, persist
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var logMu sync.Mutex
+	if o.Verbose != nil {
+		o.Verbose = &lockedWriter{mu: &logMu, w: o.Verbose}
+	}
 	for {
 		req, err := ln.Accept(ctx)
 		if err != nil {
@@ -159,4 +162,16 @@ func serve(ctx context.Context, c *conn, buf *gowarp.MR, o ServerOptions) (Resul
 		r.Elapsed = time.Since(t0)
 	}
 	return r, nil // Disconnect lets the last go-ahead leave first
+}
+
+// lockedWriter serialises the writes of concurrent sessions.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
