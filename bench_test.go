@@ -195,3 +195,65 @@ func benchSend(b *testing.B, size, burst int, prepared bool) {
 func BenchmarkSend64(b *testing.B)            { benchSend(b, 64, 1, false) }
 func BenchmarkSend64x16(b *testing.B)         { benchSend(b, 64, 16, false) }
 func BenchmarkSend64x16Prepared(b *testing.B) { benchSend(b, 64, 16, true) }
+
+// BenchmarkSendLat is a Send/Receive ping-pong of 8 bytes between two QPs
+// of one process; ns/op is one round trip.
+func BenchmarkSendLat(b *testing.B) {
+	p := newPair(b, gowarp.ConnectOptions{})
+	am, _ := p.reg(b, 8, gowarp.LocalWrite)
+	bm, _ := p.reg(b, 8, gowarp.LocalWrite)
+	ctx := context.Background()
+	p.a.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: am, Length: 8}}})
+	p.b.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: bm, Length: 8}}})
+	recvOne := func(qp *gowarp.QP, cq *gowarp.CQ, mr *gowarp.MR) {
+		var wc [1]gowarp.Completion
+		for cq.Poll(wc[:]) == 0 {
+			cq.Wait(ctx)
+		}
+		qp.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: mr, Length: 8}}})
+	}
+	go func() {
+		send := gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: bm, Length: 8}}}
+		for range b.N {
+			recvOne(p.b, p.bcq, bm)
+			p.b.PostSend(&send)
+		}
+	}()
+	send := gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: am, Length: 8}}}
+	b.ResetTimer()
+	for range b.N {
+		p.a.PostSend(&send)
+		recvOne(p.a, p.acq, am)
+	}
+}
+
+// BenchmarkTCPLat is the plain TCP ping-pong of 8 bytes.
+func BenchmarkTCPLat(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.(*net.TCPConn).SetNoDelay(true)
+		buf := make([]byte, 8)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			c.Write(buf)
+		}
+	}()
+	c, _ := net.Dial("tcp", ln.Addr().String())
+	defer c.Close()
+	buf := make([]byte, 8)
+	b.ResetTimer()
+	for range b.N {
+		c.Write(buf)
+		io.ReadFull(c, buf)
+	}
+}
