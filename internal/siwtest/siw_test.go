@@ -1,0 +1,535 @@
+package siwtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/internal/rping"
+	"github.com/gowarp/gowarp/wire"
+)
+
+// result is one line of the suite's summary.
+type result struct {
+	name, outcome, detail string
+}
+
+type summary struct {
+	mu   sync.Mutex
+	rows []result
+}
+
+func (s *summary) add(t *testing.T, name, detail string) {
+	outcome := "pass"
+	if t.Failed() {
+		outcome = "FAIL"
+	}
+	s.mu.Lock()
+	s.rows = append(s.rows, result{name, outcome, detail})
+	s.mu.Unlock()
+}
+
+func (s *summary) String() string {
+	var b strings.Builder
+	b.WriteString("| scenario | result | detail |\n|---|---|---|\n")
+	for _, r := range s.rows {
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", r.name, r.outcome, r.detail)
+	}
+	return b.String()
+}
+
+// TestSIW is the interop suite. See the package comment.
+func TestSIW(t *testing.T) {
+	siwvm := needGuest(t)
+	t0 := time.Now()
+	bin := filepath.Join(t.TempDir(), "gowarp")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gowarp/gowarp/cmd/gowarp").CombinedOutput(); err != nil {
+		t.Fatalf("building gowarp: %v\n%s", err, out)
+	}
+	v := startVM(t, siwvm)
+	defer v.stop()
+	sum := &summary{}
+	defer func() {
+		t.Logf("suite took %v\n%s", time.Since(t0).Round(time.Second), sum)
+		if p := os.Getenv("GOWARP_SIWVM_REPORT"); p != "" {
+			os.WriteFile(p, []byte(fmt.Sprintf("suite time %v\n\n%s", time.Since(t0).Round(time.Second), sum)), 0o644)
+		}
+	}()
+	s := &suite{v: v, bin: bin, sum: sum}
+
+	// gowarp ping -c against rping -s in the guest.
+	for _, c := range []pingCase{
+		{size: 64, count: 10},
+		{size: rping.MinSize, count: 3},
+		{size: 1000, count: 5, flags: []string{"-crc"}},
+		{size: 4096, count: 20},
+		{size: 5000, count: 5, flags: []string{"-crc"}},
+		{size: 16384, count: 5, flags: []string{"-p2p"}},
+		{size: 65535, count: 10},
+		{size: 65535, count: 5, flags: []string{"-crc", "-p2p"}},
+		{size: 64, count: 100, flags: []string{"-ird", "16", "-ord", "16"}},
+		{size: 64, count: 2, flags: []string{"-pd", "252"}},
+	} {
+		t.Run(c.name("gowarp-client"), func(t *testing.T) { s.hostClient(t, c) })
+	}
+	t.Run("gowarp-client/rev1-rping-cannot-read", s.hostClientRev1)
+	t.Run("gowarp-client/private-data-253", s.privateDataTooLong)
+
+	// rping -c in the guest against gowarp ping -s.
+	for _, c := range []pingCase{
+		{size: 64, count: 10},
+		{size: rping.MinSize, count: 3},
+		{size: 1000, count: 5},
+		{size: 4096, count: 20},
+		{size: 5000, count: 5, flags: []string{"-crc"}},
+		{size: 65535, count: 10},
+		{size: 65535, count: 3, flags: []string{"-crc"}},
+	} {
+		t.Run(c.name("rping-client"), func(t *testing.T) { s.guestClient(t, c) })
+	}
+
+	// perftest's servers in the guest, gowarp perftest as the client.
+	for _, c := range []perfCase{
+		{test: "write_bw", iters: 1000},
+		{test: "read_bw", iters: 300},
+		{test: "send_bw", iters: 1000},
+		{test: "write_bw", iters: 200, flags: []string{"-crc"}},
+		{test: "read_bw", iters: 100, flags: []string{"-crc"}},
+		{test: "send_bw", iters: 200, flags: []string{"-crc"}},
+		{test: "write_bw", iters: 200, flags: []string{"-mpa-rev", "1"}},
+		{test: "read_bw", iters: 100, flags: []string{"-mpa-rev", "1"}},
+		{test: "send_bw", iters: 200, flags: []string{"-mpa-rev", "1"}},
+		{test: "send_bw", iters: 2000, size: 4096},
+	} {
+		t.Run(c.name(), func(t *testing.T) { s.perftest(t, c) })
+	}
+
+	// Terminate, both ways.
+	t.Run("terminate/siw-sends", s.siwSendsTerminate)
+	t.Run("terminate/gowarp-sends", s.gowarpSendsTerminate)
+	t.Run("terminate/siw-sends-on-read", s.siwTerminatesRead)
+}
+
+type suite struct {
+	v   *vm
+	bin string
+	sum *summary
+}
+
+type pingCase struct {
+	size, count int
+	flags       []string
+}
+
+func (c pingCase) name(side string) string {
+	n := fmt.Sprintf("%s/%dx%d", side, c.size, c.count)
+	for _, f := range c.flags {
+		n += strings.ReplaceAll(f, "-", "_")
+	}
+	return n
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// rpingLines returns the ping data lines of rping's or gowarp ping's -v
+// output with the given prefix.
+func rpingLines(out, prefix string) []string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			lines = append(lines, strings.TrimPrefix(l, prefix))
+		}
+	}
+	return lines
+}
+
+// wantPings checks that lines are the count pings of size bytes rping's
+// client sends.
+func wantPings(t *testing.T, who string, lines []string, size, count int) {
+	t.Helper()
+	if len(lines) != count {
+		t.Errorf("%s printed %d pings, want %d", who, len(lines), count)
+		return
+	}
+	buf := make([]byte, size)
+	for i, l := range lines {
+		rping.FillPing(buf, i)
+		if l != string(rping.CString(buf)) {
+			t.Errorf("%s ping %d: %.50q..., want %.50q...", who, i, l, rping.CString(buf))
+			return
+		}
+	}
+}
+
+// hostClient: gowarp ping -c against rping -s in the guest.
+func (s *suite) hostClient(t *testing.T, c pingCase) {
+	ctx := ctxFor(t, 3*time.Minute)
+	detail := fmt.Sprintf("%d B × %d %s", c.size, c.count, strings.Join(c.flags, " "))
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	// rping's server reads into and writes from a buffer of its own -S.
+	v := ""
+	if c.size <= 5000 {
+		v = "-v"
+	}
+	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d %s -S %d", guestAddr, guestRpingPort, v, c.size), 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-v", "-V",
+		"-C", strconv.Itoa(c.count), "-S", strconv.Itoa(c.size)}, c.flags...)
+	h, err := startHost(ctx, s.bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.wait(ctx)
+	if err != nil {
+		t.Errorf("gowarp ping -c: %v\n%s", err, tail([]byte(out), 2000))
+	}
+	wantPings(t, "gowarp ping -c", rpingLines(out, "ping data: "), c.size, c.count)
+	if i := strings.Index(out, "gowarp ping client: "); i >= 0 {
+		line := strings.SplitN(out[i:], "\n", 2)[0]
+		detail += ": " + line[strings.LastIndex(line, ": ")+2:]
+	}
+	rc, gout, err := job.wait(ctx)
+	if err != nil || rc != 0 {
+		t.Errorf("guest rping -s: rc %d, %v\n%s", rc, err, tail([]byte(gout), 2000))
+	}
+	if v != "" {
+		wantPings(t, "guest rping -s", rpingLines(gout, "server ping data: "), c.size, c.count)
+	}
+}
+
+// hostClientRev1: with MPA revision 1 there is no IRD/ORD exchange, and
+// rping's server (which accepts with rdma_accept(id, NULL)) gets ORD 0
+// from siw: the connection is made, the first Send arrives, and the
+// server cannot post its RDMA Read.
+func (s *suite) hostClientRev1(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	defer func() {
+		s.sum.add(t, t.Name(), "MPA rev 1 accepted by siw; rping's server then has ORD 0 and cannot Read (expected refusal)")
+	}()
+	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d -S 64", guestAddr, guestRpingPort), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-mpa-rev", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.wait(ctx)
+	if err == nil {
+		t.Errorf("gowarp ping -c with MPA revision 1 succeeded; siw's rping server was expected to fail its Read:\n%s", out)
+	}
+	rc, gout, _ := job.wait(ctx)
+	if rc == 0 || !strings.Contains(gout, "post send error") {
+		t.Errorf("guest rping -s: rc %d, want a failed RDMA Read post:\n%s", rc, gout)
+	}
+	if d := s.v.dmesg(ctx, "readq_init: ORD 0, IRD 0"); d == "" {
+		t.Logf("siw's debug log does not show ORD 0 (run without --debug?)")
+	}
+}
+
+// privateDataTooLong: siw drops an MPA request with more than 256 bytes
+// of private data, so 253 bytes after the IRD/ORD block are refused.
+func (s *suite) privateDataTooLong(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	defer func() {
+		s.sum.add(t, t.Name(), "253 B refused by siw (connection closed), then 252 B accepted by the same server")
+	}()
+	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d -S 64", guestAddr, guestRpingPort), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-pd", "253")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.wait(ctx); err == nil {
+		t.Errorf("253 bytes of private data were accepted:\n%s", out)
+	}
+	// The server still listens: a valid client lets it finish.
+	h, err = startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-V", "-pd", "252")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.wait(ctx); err != nil {
+		t.Errorf("252 bytes of private data: %v\n%s", err, out)
+	}
+	if rc, gout, err := job.wait(ctx); err != nil || rc != 0 {
+		t.Errorf("guest rping -s: rc %d, %v\n%s", rc, err, gout)
+	}
+}
+
+// guestClient: rping -c in the guest against gowarp ping -s.
+func (s *suite) guestClient(t *testing.T, c pingCase) {
+	ctx := ctxFor(t, 3*time.Minute)
+	defer func() {
+		s.sum.add(t, t.Name(), fmt.Sprintf("%d B × %d %s", c.size, c.count, strings.Join(c.flags, " ")))
+	}()
+	args := append([]string{"ping", "-s", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "-v"}, c.flags...)
+	h, err := startHost(ctx, s.bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // let it listen
+	v := ""
+	if c.size <= 5000 {
+		v = "-v"
+	}
+	rc, gout, err := s.v.run(ctx, fmt.Sprintf("rping -c -a %s -p %d %s -V -C %d -S %d %s", hostFromGuest, guestServePort, v, c.count, c.size, stderr), 2*time.Minute)
+	if err != nil || rc != 0 {
+		t.Errorf("guest rping -c: rc %d, %v\n%s", rc, err, tail([]byte(gout), 2000))
+	}
+	if v != "" {
+		wantPings(t, "guest rping -c", rpingLines(gout, "ping data: "), c.size, c.count)
+	}
+	out, err := h.wait(ctx)
+	if err != nil {
+		t.Errorf("gowarp ping -s: %v\n%s", err, tail([]byte(out), 2000))
+	}
+	wantPings(t, "gowarp ping -s", rpingLines(out, "server ping data: "), c.size, c.count)
+}
+
+type perfCase struct {
+	test        string
+	iters, size int
+	flags       []string
+}
+
+func (c perfCase) name() string {
+	if c.size == 0 {
+		c.size = 65536
+	}
+	n := fmt.Sprintf("perftest/%s/%dx%d", c.test, c.size, c.iters)
+	for _, f := range c.flags {
+		n += strings.ReplaceAll(f, "-", "_")
+	}
+	return n
+}
+
+var reportLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)`)
+
+// perftest: ib_*_bw -R in the guest, gowarp perftest as its client.
+func (s *suite) perftest(t *testing.T, c perfCase) {
+	ctx := ctxFor(t, 4*time.Minute)
+	if c.size == 0 {
+		c.size = 65536
+	}
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d", c.test, guestPerftestPort, c.iters, c.size), 3*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"perftest", "-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
+	args = append(args, c.test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))
+	h, err := startHost(ctx, s.bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.wait(ctx)
+	if err != nil {
+		t.Errorf("gowarp perftest: %v\n%s", err, out)
+	}
+	rc, gout, err := job.wait(ctx)
+	if err != nil || rc != 0 {
+		t.Errorf("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, gout)
+	}
+	mine, theirs := reportLine.FindStringSubmatch(out), reportLine.FindStringSubmatch(gout)
+	if mine == nil || theirs == nil {
+		t.Fatalf("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+	}
+	detail = fmt.Sprintf("gowarp measured %s MB/s avg (peak %s); siw's server printed %s MB/s avg (peak %s)", mine[4], mine[3], theirs[4], theirs[3])
+	if mine[1] != theirs[1] || mine[2] != theirs[2] {
+		t.Errorf("gowarp ran %s × %s, the server %s × %s", mine[1], mine[2], theirs[1], theirs[2])
+	}
+	if mine[1] != strconv.Itoa(c.size) || mine[2] != strconv.Itoa(c.iters) {
+		t.Errorf("gowarp's report is for %s × %s, want %d × %d", mine[1], mine[2], c.size, c.iters)
+	}
+	if c.test != "send_bw" {
+		// The write_bw and read_bw servers print the client's report,
+		// received over the control connection.
+		if mine[3] != theirs[3] || mine[4] != theirs[4] || mine[5] != theirs[5] {
+			t.Errorf("server printed %v, gowarp sent %v", theirs[1:], mine[1:])
+		}
+	} else if bw, _ := strconv.ParseFloat(theirs[4], 64); bw <= 0 {
+		t.Errorf("send_bw server measured %s MB/s", theirs[4])
+	}
+}
+
+// connectToGuestRping connects a gowarp queue pair to a guest rping
+// server and waits until siw has surely handed the socket to its queue
+// pair (see docs/interop.md on siw's accept race).
+func (s *suite) connectToGuestRping(ctx context.Context, t *testing.T) (*gowarp.QP, *gowarp.PD, *gowarp.CQ, *guestJob) {
+	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d -S 64", guestAddr, guestRpingPort), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := gowarp.Open()
+	pd := dev.AllocPD()
+	cq := dev.NewCQ(64)
+	qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { qp.Close() })
+	if err := qp.Connect(ctx, fmt.Sprintf("127.0.0.1:%d", s.v.rping), gowarp.ConnectOptions{NoP2P: true, IRD: 1, ORD: 1}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	return qp, pd, cq, job
+}
+
+func waitQPError(ctx context.Context, qp *gowarp.QP) error {
+	for qp.State() != gowarp.StateError {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return qp.Err()
+}
+
+// siwSendsTerminate: an RDMA Write to an STag siw never issued draws
+// siw's Terminate (DDP, tagged buffer error, invalid STag), which gowarp
+// decodes and reports.
+func (s *suite) siwSendsTerminate(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	qp, pd, _, job := s.connectToGuestRping(ctx, t)
+	src, err := pd.Register(make([]byte, 16), gowarp.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.PostSend(&gowarp.SendWR{ID: 7, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: src, Length: 16}}, RemoteAddr: 0x1000, RKey: 0xbad57a00}); err != nil {
+		t.Fatal(err)
+	}
+	err = waitQPError(ctx, qp)
+	var te *wire.TermError
+	switch {
+	case !errors.Is(err, gowarp.ErrPeerTerminated):
+		t.Errorf("queue pair error %v, want the peer's Terminate", err)
+	case !errors.As(err, &te):
+		t.Errorf("queue pair error %v carries no Terminate error", err)
+	case te.Layer != wire.LayerDDP || !errors.Is(err, wire.ErrDDPInvalidSTag):
+		t.Errorf("siw's Terminate %v (layer %v type %d code %#x), want DDP tagged invalid STag", te, te.Layer, te.Type, te.Code)
+	default:
+		detail = fmt.Sprintf("siw answered a Write to STag 0xbad57a00 with Terminate: %v", te)
+	}
+	rc, gout, _ := job.wait(ctx)
+	t.Logf("guest rping -s rc %d: %s", rc, strings.TrimSpace(gout))
+	detail += fmt.Sprintf("; rping -s exited %d", rc)
+}
+
+// siwTerminatesRead: an RDMA Read of an STag siw never issued draws an
+// RDMAP protection Terminate that echoes the Read Request.
+func (s *suite) siwTerminatesRead(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	qp, pd, cq, job := s.connectToGuestRping(ctx, t)
+	sink, err := pd.Register(make([]byte, 16), gowarp.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.PostSend(&gowarp.SendWR{ID: 8, Op: gowarp.OpRead, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: sink, Length: 16}}, RemoteAddr: 0x1000, RKey: 0xbad57a00}); err != nil {
+		t.Fatal(err)
+	}
+	err = waitQPError(ctx, qp)
+	var te *wire.TermError
+	if !errors.Is(err, gowarp.ErrPeerTerminated) || !errors.As(err, &te) || te.Layer != wire.LayerRDMAP {
+		t.Errorf("queue pair error %v, want siw's RDMAP Terminate", err)
+	} else {
+		detail = fmt.Sprintf("siw answered a Read of STag 0xbad57a00 with Terminate: %v", te)
+	}
+	var wc [4]gowarp.Completion
+	if n := cq.Poll(wc[:]); n == 0 || wc[0].ID != 8 || wc[0].Status != gowarp.RemoteAccessError {
+		t.Errorf("Read completion %+v, want remote access error (queue pair: %v)", wc[:n], err)
+	}
+	rc, _, _ := job.wait(ctx)
+	detail += fmt.Sprintf("; rping -s exited %d", rc)
+}
+
+// gowarpSendsTerminate: a gowarp server that posts no receive answers
+// siw's first Send with a Terminate (DDP, untagged buffer error, no
+// buffer available). siw logs it (decoding the RFC's layout with Layer and
+// EType swapped: "layer 2, type 1, code 2") and tears the connection
+// down; rping's client sees a disconnect before its first ping completes
+// (and, since it ends in the DISCONNECTED state, exits 0).
+func (s *suite) gowarpSendsTerminate(t *testing.T) {
+	ctx := ctxFor(t, 2*time.Minute)
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	dev := gowarp.Open()
+	ln, err := dev.Listen(fmt.Sprintf("127.0.0.1:%d", s.v.serve))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	qpc := make(chan *gowarp.QP, 1)
+	errc := make(chan error, 1)
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err != nil {
+			errc <- err
+			return
+		}
+		pd := dev.AllocPD()
+		cq := dev.NewCQ(16)
+		qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			errc <- err
+			return
+		}
+		qpc <- qp
+		errc <- req.Accept(ctx, qp, gowarp.ConnectOptions{})
+	}()
+	script := fmt.Sprintf(`before=$(dmesg | grep -c 'got TERMINATE')
+rping -c -a %s -p %d -v -C 1 -S 64 2>&1
+echo "rping rc=$?"
+sleep 1
+echo "siw TERMINATEs logged: $(( $(dmesg | grep -c 'got TERMINATE') - before ))"
+dmesg | grep 'got TERMINATE' | tail -1`, hostFromGuest, guestServePort)
+	_, gout, err := s.v.run(ctx, script, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	qp := <-qpc
+	defer qp.Close()
+	qerr := waitQPError(ctx, qp)
+	if !errors.Is(qerr, gowarp.ErrTerminated) || !errors.Is(qerr, wire.ErrDDPNoBuffer) {
+		t.Errorf("gowarp queue pair error %v, want a Terminate sent for a Send with no receive", qerr)
+	}
+	if !strings.Contains(gout, "siw TERMINATEs logged: 1") || !strings.Contains(gout, "got TERMINATE. layer 2, type 1, code 2") {
+		t.Errorf("siw did not log gowarp's Terminate:\n%s", gout)
+	}
+	if strings.Contains(gout, "ping data:") {
+		t.Errorf("rping's ping completed:\n%s", gout)
+	}
+	logged := ""
+	if i := strings.Index(gout, "siw: got TERMINATE"); i >= 0 {
+		logged = strings.TrimSpace(strings.SplitN(gout[i:], "\n", 2)[0])
+	}
+	detail = fmt.Sprintf("gowarp sent Terminate (%v); siw logged %q; rping -c stopped before its first ping", wire.ErrDDPNoBuffer, logged)
+}
