@@ -12,6 +12,13 @@
 // connects to, or a client that connects to a gowarp server on the host)
 // and reports each job's output and exit status through the 9p share.
 // Without QEMU the test skips and says so.
+//
+// Environment: GOWARP_SIWVM=1 runs the suite; GOWARP_SIWVM_REPORT=FILE
+// writes its summary table there; GOWARP_SIWVM_DEBUG=1 turns siw's
+// dynamic debug on (MPA and QP events in the guest's dmesg; slower);
+// SIWVM_DIR and SIWVM_BUILD locate the siwvm tool and its image;
+// GOWARP_SIWVM_RUNDIR=DIR with GOWARP_SIWVM_PORTS=rping,perftest,serve
+// attaches to a guest already running agent.sh instead of booting one.
 package siwtest
 
 import (
@@ -143,11 +150,15 @@ func startVM(t *testing.T, siwvm string) *vm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--bg", "--debug", "-t", "900", "-d", dir,
+	args := []string{"--bg", "-t", "900", "-d", dir,
 		"-f", fmt.Sprintf("%d:%d", v.rping, guestRpingPort),
 		"-f", fmt.Sprintf("%d:%d", v.perftest, guestPerftestPort),
 		"-g", fmt.Sprintf("%d:%d", guestServePort, v.serve),
 		"-S", agent}
+	if os.Getenv("GOWARP_SIWVM_DEBUG") != "" {
+		// siw's dynamic debug: MPA and QP events in dmesg (slows the guest).
+		args = append([]string{"--debug"}, args...)
+	}
 	t0 := time.Now()
 	cmd := exec.Command(filepath.Join(siwvm, "run.sh"), args...)
 	out, err := cmd.CombinedOutput()
