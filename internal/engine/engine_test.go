@@ -30,7 +30,7 @@ func (l *chunkLink) Readv(bufs [][]byte) (int, error) {
 	return 0, nil
 }
 
-func (l *chunkLink) Writev(bufs [][]byte, block bool) (int, error) {
+func (l *chunkLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0

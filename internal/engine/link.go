@@ -19,8 +19,10 @@ type Link interface {
 	// Writev writes bufs in order. With block false it writes what the
 	// socket takes now and returns errWouldBlock if that is nothing; with
 	// block true it waits until some bytes are written. Short writes are
-	// normal: the caller resumes.
-	Writev(bufs [][]byte, block bool) (int, error)
+	// normal: the caller resumes. records cuts bufs into records (each
+	// entry is the index in bufs where one ends; the last ends with bufs):
+	// where it can, the link ends a TCP segment at the end of each record.
+	Writev(bufs [][]byte, records []int, block bool) (int, error)
 	// Unacked returns the bytes written but not yet acknowledged by the
 	// peer (unsent plus unacknowledged), or an error where unknown.
 	Unacked() (int, error)
@@ -49,7 +51,7 @@ func (l *streamLink) Readv(bufs [][]byte) (int, error) {
 	return 0, nil
 }
 
-func (l *streamLink) Writev(bufs [][]byte, block bool) (int, error) {
+func (l *streamLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 	l.bufs = append(l.bufs[:0], bufs...)
 	n, err := l.bufs.WriteTo(l.c)
 	clear(l.bufs[:cap(l.bufs)])

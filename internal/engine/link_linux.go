@@ -26,6 +26,7 @@ type fdLink struct {
 	rfunc func(uintptr) bool
 
 	wiov    []unix.Iovec
+	wmsg    []mmsghdr
 	wn      int
 	werr    error
 	wblock  bool
@@ -47,7 +48,7 @@ func NewLink(c net.Conn) Link {
 	if err != nil {
 		return &streamLink{c: c}
 	}
-	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, maxIov), wiov: make([]unix.Iovec, 0, maxIov)}
+	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, maxIov), wiov: make([]unix.Iovec, 0, maxIov), wmsg: make([]mmsghdr, 0, maxIov)}
 	l.rfunc, l.wfunc, l.ofunc = l.doRead, l.doWrite, l.doOutq
 	_ = rc.Control(func(fd uintptr) {
 		l.mss, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG)
@@ -103,8 +104,18 @@ func (l *fdLink) Readv(bufs [][]byte) (int, error) {
 	return l.rn, l.rerr
 }
 
+// mmsghdr is struct mmsghdr of 64-bit Linux, for sendmmsg(2).
+type mmsghdr struct {
+	hdr unix.Msghdr
+	len uint32
+	_   [4]byte
+}
+
+// doWrite sends the records with one sendmmsg, each with MSG_EOR so that
+// TCP starts a new segment after it (as siw sends each FPDU).
 func (l *fdLink) doWrite(fd uintptr) bool {
-	n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&l.wiov[0])), uintptr(len(l.wiov)))
+	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&l.wmsg[0])), uintptr(len(l.wmsg)),
+		unix.MSG_EOR|unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		if l.wblock {
 			return false
@@ -112,25 +123,59 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 		l.wn, l.werr = 0, errWouldBlock
 		return true
 	}
-	l.wn, l.werr = int(n), nil
 	if e != 0 {
 		l.wn, l.werr = 0, e
+		return true
+	}
+	l.wn, l.werr = 0, nil
+	for i := range int(n) {
+		l.wn += int(l.wmsg[i].len)
 	}
 	return true
 }
 
-func (l *fdLink) Writev(bufs [][]byte, block bool) (int, error) {
-	l.wiov = fillIov(l.wiov, bufs)
-	if len(l.wiov) == 0 {
+// Writev sends bufs as records, all in one system call.
+func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
+	l.wiov, l.wmsg = l.wiov[:0], l.wmsg[:0]
+	msg, r := 0, 0 // first vector of the open message; next record end
+	for i, b := range bufs {
+		for r < len(records) && records[r] <= i {
+			l.endMsg(msg)
+			msg = len(l.wiov)
+			r++
+		}
+		if len(l.wiov) == cap(l.wiov) {
+			break
+		}
+		if len(b) > 0 {
+			v := unix.Iovec{Base: &b[0]}
+			v.SetLen(len(b))
+			l.wiov = append(l.wiov, v)
+		}
+	}
+	l.endMsg(msg)
+	if len(l.wmsg) == 0 {
 		return 0, nil
 	}
 	l.wblock = block
 	err := l.rc.Write(l.wfunc)
 	clear(l.wiov[:cap(l.wiov)])
+	clear(l.wmsg[:cap(l.wmsg)])
 	if err != nil {
 		return 0, err
 	}
 	return l.wn, l.werr
+}
+
+// endMsg makes the vectors from index first on one message.
+func (l *fdLink) endMsg(first int) {
+	if len(l.wiov) == first {
+		return
+	}
+	var m mmsghdr
+	m.hdr.Iov = &l.wiov[first]
+	m.hdr.SetIovlen(len(l.wiov) - first)
+	l.wmsg = append(l.wmsg, m)
 }
 
 func (l *fdLink) doOutq(fd uintptr) {

@@ -32,13 +32,21 @@ type txState struct {
 	link Link
 	crc  bool
 
-	iov     [][]byte
-	first   int // first vector not fully written
-	arena   []byte
-	lastEnd int    // arena offset where the last vector ends, -1 if it is not in the arena
-	left    int    // bytes of the batch not yet written
-	written uint64 // bytes the socket has taken, ever
-	built   uint64 // stream offset at the end of the batch
+	iov   [][]byte
+	first int // first vector not fully written
+	// recs are the indexes in iov where records end: runs of small FPDUs
+	// are cut every maxSmallPerSegment, so that no TCP segment carries more
+	// (see end). recFirst is the first record not yet written, recSmall
+	// the small FPDUs in the open record.
+	recs     []int
+	recRel   []int
+	recFirst int
+	recSmall int
+	arena    []byte
+	lastEnd  int    // arena offset where the last vector ends, -1 if it is not in the arena
+	left     int    // bytes of the batch not yet written
+	written  uint64 // bytes the socket has taken, ever
+	built    uint64 // stream offset at the end of the batch
 
 	// Segmentation of the send-queue entry at sqTx.
 	off     int // message bytes framed
@@ -54,11 +62,14 @@ type txState struct {
 	termSent bool // a Terminate is in the batch: close after it
 
 	maxTagged, maxUntagged int // payload bytes per full FPDU
+	seg                    int // bytes of a full FPDU
 }
 
 func (t *txState) init(q *QP, l Link) {
 	t.q, t.link, t.crc = q, l, q.params.CRC
 	t.iov = make([][]byte, 0, maxIov)
+	t.recs = make([]int, 0, maxIov)
+	t.recRel = make([]int, 0, maxIov)
 	t.arena = make([]byte, 0, txArena)
 	t.lastEnd = -1
 	seg := q.params.MaxFPDU
@@ -69,6 +80,7 @@ func (t *txState) init(q *QP, l Link) {
 		seg = 64 << 10
 	}
 	seg = max(seg, 64) &^ 7
+	t.seg = seg
 	t.maxTagged = min(seg-2-wire.TaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.TaggedHeaderLen) &^ 3
 	t.maxUntagged = min(seg-2-wire.UntaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.UntaggedHeaderLen) &^ 3
 }
@@ -101,7 +113,7 @@ func (q *QP) transmit(block bool) {
 			}
 			q.mu.Unlock()
 		}
-		n, err := q.link.Writev(t.iov[t.first:], block)
+		n, err := q.link.Writev(t.iov[t.first:], t.records(), block)
 		if err != nil {
 			if errors.Is(err, errWouldBlock) {
 				if block {
@@ -169,6 +181,7 @@ func (q *QP) markSentLocked() {
 func (t *txState) build() {
 	q := t.q
 	t.iov, t.first, t.arena, t.lastEnd, t.left = t.iov[:0], 0, t.arena[:0], -1, 0
+	t.recs, t.recFirst, t.recSmall = t.recs[:0], 0, 0
 	if q.termPending != nil {
 		t.frameTerminate(q.termPending)
 		q.termPending = nil
@@ -267,8 +280,37 @@ func (t *txState) end(n int) {
 	tr := wire.PutTrailer(t.arena[ts:ts+wire.MaxTrailerLen], ulen, crc, t.crc)
 	t.arena = t.arena[:ts+len(tr)]
 	t.addArena(ts, len(t.arena))
-	t.left += wire.FPDULen(ulen)
+	sz := wire.FPDULen(ulen)
+	t.left += sz
 	t.built = t.written + uint64(t.left)
+	// Many small FPDUs gathered in one write would share one TCP segment
+	// (up to 64 KiB on loopback). RFC 5044 wants FPDUs aligned to segments
+	// where it can be had, and tools that dissect iWARP give up on frames
+	// with dozens of them; so a run of small FPDUs ends a record, and so a
+	// segment, every maxSmallPerSegment. Large FPDUs span segments anyway.
+	if sz*maxSmallPerSegment < t.seg {
+		t.recSmall++
+		if t.recSmall == maxSmallPerSegment {
+			t.recs = append(t.recs, len(t.iov))
+			t.recSmall = 0
+			t.lastEnd = -1 // the next header must not join this record
+		}
+	}
+}
+
+// maxSmallPerSegment bounds the small FPDUs in one TCP segment.
+const maxSmallPerSegment = 8
+
+// records returns the ends of the unwritten records, relative to t.first.
+func (t *txState) records() []int {
+	for t.recFirst < len(t.recs) && t.recs[t.recFirst] <= t.first {
+		t.recFirst++
+	}
+	t.recRel = t.recRel[:0]
+	for _, e := range t.recs[t.recFirst:] {
+		t.recRel = append(t.recRel, e-t.first)
+	}
+	return t.recRel
 }
 
 // frame appends a whole FPDU whose payload is n bytes of sges from the cursor.
