@@ -14,7 +14,10 @@ import (
 // benchWrite keeps depth Writes of size bytes in flight, signaling one in
 // every depth/2.
 func benchWrite(b *testing.B, size, depth int, o gowarp.ConnectOptions) {
-	p := newPair(b, o)
+	benchWriteOn(b, newPair(b, o), size, depth)
+}
+
+func benchWriteOn(b *testing.B, p *pair, size, depth int) {
 	src, _ := p.reg(b, size, 0)
 	dst, _ := p.reg(b, size, gowarp.RemoteWrite)
 	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
@@ -67,6 +70,16 @@ func benchTCP(b *testing.B, size int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchTCPOn(b, ln, c, size)
+}
+
+// benchTCPOn streams size-byte writes over c to the listener's one
+// connection.
+func benchTCPOn(b *testing.B, ln net.Listener, c net.Conn, size int) {
 	defer ln.Close()
 	done := make(chan int64)
 	go func() {
@@ -85,10 +98,6 @@ func benchTCP(b *testing.B, size int) {
 			}
 		}
 	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
 	msg := make([]byte, size)
 	b.SetBytes(int64(size))
 	b.ResetTimer()

@@ -20,6 +20,19 @@ type pair struct {
 
 func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {
 	t.Helper()
+	return newPairOn(t, o, "127.0.0.1:0", nil, nil)
+}
+
+// newPairOn connects two QPs; the listener is made on listenAddr inside
+// inA and the connection dialled inside inB (nil: the current namespace).
+func newPairOn(t testing.TB, o gowarp.ConnectOptions, listenAddr string, inA, inB func(func() error) error) *pair {
+	t.Helper()
+	if inA == nil {
+		inA = func(f func() error) error { return f() }
+	}
+	if inB == nil {
+		inB = inA
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	p := &pair{dev: gowarp.Open()}
@@ -32,7 +45,11 @@ func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {
 	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := p.dev.Listen("127.0.0.1:0")
+	var ln *gowarp.Listener
+	err = inA(func() (err error) {
+		ln, err = p.dev.Listen(listenAddr)
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +63,7 @@ func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {
 		}
 		errc <- req.Accept(ctx, p.b, o)
 	}()
-	if err := p.a.Connect(ctx, ln.Addr().String(), o); err != nil {
+	if err := inB(func() error { return p.a.Connect(ctx, ln.Addr().String(), o) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-errc; err != nil {

@@ -226,6 +226,15 @@ func (q *QP) Err() error {
 // Params returns the negotiated connection parameters.
 func (q *QP) Params() Params { return q.params }
 
+// FPDUSize returns the size on the wire of a full FPDU on this connection
+// (the TCP segment rounded down to 8, unless set), 0 before Start.
+func (q *QP) FPDUSize() int {
+	if q.State() == StateIdle || q.State() == StateConnecting {
+		return 0
+	}
+	return q.tx.seg
+}
+
 // Link returns the queue pair's link, nil before Start.
 func (q *QP) Link() Link { return q.link }
 
