@@ -78,7 +78,10 @@ type pingConfig struct {
 // "-sP") into separate flags for the flag package.
 func splitShortFlags(args []string) []string {
 	out := make([]string, 0, len(args))
-	for _, a := range args {
+	for i, a := range args {
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
 		if len(a) > 2 && a[0] == '-' && a[1] != '-' && strings.Trim(a[1:], "scvVPqd") == "" {
 			for _, r := range a[1:] {
 				out = append(out, "-"+string(r))
@@ -86,9 +89,6 @@ func splitShortFlags(args []string) []string {
 			continue
 		}
 		out = append(out, a)
-		if a == "--" {
-			break
-		}
 	}
 	return out
 }

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lockedBuf is an output buffer for a command running in a goroutine.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestPingCommand runs gowarp ping -s and -c against each other, with
+// rping's clustered flags.
+func TestPingCommand(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	port := strconv.Itoa(freePort(t))
+	var sout, serr lockedBuf
+	done := make(chan int, 1)
+	go func() {
+		done <- dispatch(ctx, []string{"ping", "-sv", "-a", "127.0.0.1", "-p", port, "-crc"}, &sout, &serr)
+	}()
+	var cout, cerr lockedBuf
+	var code int
+	for range 50 { // until the server listens
+		cout, cerr = lockedBuf{}, lockedBuf{}
+		if code = dispatch(ctx, []string{"ping", "-c", "-vV", "-a", "127.0.0.1", "-p", port, "-C", "3", "-S", "100"}, &cout, &cerr); code == 0 ||
+			!strings.Contains(cerr.String(), "connection refused") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code != 0 {
+		t.Fatalf("client exit %d: %s", code, cerr.String())
+	}
+	if c := <-done; c != 0 {
+		t.Fatalf("server exit %d: %s", c, serr.String())
+	}
+	if n := strings.Count(cout.String(), "ping data: rdma-ping-"); n != 3 {
+		t.Errorf("client printed %d pings:\n%s", n, cout.String())
+	}
+	if n := strings.Count(sout.String(), "server ping data: rdma-ping-"); n != 3 {
+		t.Errorf("server printed %d pings:\n%s", n, sout.String())
+	}
+	for _, out := range []string{cout.String(), sout.String()} {
+		if !strings.Contains(out, "3 pings") {
+			t.Errorf("no summary line:\n%s", out)
+		}
+	}
+}
+
+func TestPingUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"ping"},                   // neither -s nor -c
+		{"ping", "-s", "-c"},       // both
+		{"ping", "-c"},             // no address
+		{"ping", "-s", "-S", "10"}, // below rping's minimum size
+		{"ping", "-s", "-S", "70000"},
+		{"ping", "-c", "-a", "x", "extra"},
+	} {
+		var out, errb lockedBuf
+		if code := dispatch(context.Background(), args, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
+		}
+	}
+}
+
+func TestSplitShortFlags(t *testing.T) {
+	got := splitShortFlags([]string{"-sP", "-vV", "-C", "5", "-p", "7174", "-crc", "--", "-vV"})
+	want := []string{"-s", "-P", "-v", "-V", "-C", "5", "-p", "7174", "-crc", "--", "-vV"}
+	if !slices.Equal(got, want) {
+		t.Errorf("splitShortFlags = %q, want %q", got, want)
+	}
+}
+
+func TestPerftestUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"perftest"},
+		{"perftest", "write_bw"},
+		{"perftest", "127.0.0.1"},
+		{"perftest", "write_bw", "a", "b"},
+	} {
+		var out, errb lockedBuf
+		if code := dispatch(context.Background(), args, &out, &errb); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errb.String())
+		}
+	}
+	// An unknown test or an unreachable server is a failure, not a usage error.
+	var out, errb lockedBuf
+	port := strconv.Itoa(freePort(t))
+	if code := dispatch(context.Background(), []string{"perftest", "-settle", "0", "write_bw", "127.0.0.1:" + port}, &out, &errb); code != 1 {
+		t.Errorf("against no server: exit %d, want 1 (%s)", code, errb.String())
+	}
+	if code := dispatch(context.Background(), []string{"perftest", "-test", "lat", "127.0.0.1"}, &out, &errb); code != 1 {
+		t.Errorf("unknown test: exit %d, want 1", code)
+	}
+}
