@@ -429,3 +429,55 @@ func TestAbruptCloseReleasesRegions(t *testing.T) {
 		}
 	}
 }
+
+// TestOneSTagManyBuffers (C7): separate buffers registered as one region
+// are one contiguous range of tagged offsets: a Write across it and a Read
+// landing in it fill the buffers in order.
+func TestOneSTagManyBuffers(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{CRC: true})
+	pieces := [][]byte{make([]byte, 1000), make([]byte, 1), make([]byte, 70000), make([]byte, 333)}
+	total := 0
+	for _, b := range pieces {
+		total += len(b)
+	}
+	many, err := p.pd.RegisterBuffers(pieces, gowarp.RemoteWrite|gowarp.LocalWrite, gowarp.RegisterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if many.Len() != total || len(many.Buffers()) != 4 {
+		t.Fatalf("region of %d bytes in %d buffers", many.Len(), len(many.Buffers()))
+	}
+	src, sbuf := p.reg(t, total, gowarp.RemoteRead)
+	fillPattern(sbuf, 11)
+	// A peer Writes across every buffer boundary, starting inside the first.
+	p.b.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: src, Offset: 10, Length: total - 10}}, RemoteAddr: many.Addr() + 10, RKey: uint32(many.STag())})
+	if c := wait(t, p.bcq); c.Err() != nil {
+		t.Fatalf("write %+v", c)
+	}
+	for many.Placed() < uint64(total-10) {
+		time.Sleep(time.Millisecond)
+	}
+	joined := bytes.Join(pieces, nil)
+	if !bytes.Equal(joined[10:], sbuf[10:]) {
+		t.Fatal("Write across the buffers differs")
+	}
+	// A Read whose sink is the many-buffer region lands in order too.
+	for _, b := range pieces {
+		clear(b)
+	}
+	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: many, Length: total}}, RemoteAddr: src.Addr(), RKey: uint32(src.STag())})
+	if c := wait(t, p.acq); c.Err() != nil {
+		t.Fatalf("read %+v", c)
+	}
+	if !bytes.Equal(bytes.Join(pieces, nil), sbuf) {
+		t.Fatal("Read into the buffers differs")
+	}
+	// And bounds are those of the whole range.
+	p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 2}}, RemoteAddr: many.Addr() + uint64(total) - 1, RKey: uint32(many.STag())})
+	waitState(t, p.a, gowarp.StateError)
+	if !errors.Is(p.a.Err(), wire.ErrDDPBaseBounds) {
+		t.Fatalf("write past the joined range: %v", p.a.Err())
+	}
+}
