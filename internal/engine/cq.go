@@ -19,6 +19,37 @@ type CQ struct {
 	// notify holds a token while completions may be waiting, so one
 	// waiter wakes per burst without a goroutine or allocation per entry.
 	notify chan struct{}
+	// qps counts the queue pairs completing here; only is the one, if one.
+	qps  int
+	only *QP
+	// inline is the queue pair a waiter is receiving on inline, to be rung
+	// when a completion comes from elsewhere.
+	inline *QP
+}
+
+func (cq *CQ) setInline(q *QP) {
+	cq.mu.Lock()
+	cq.inline = q
+	cq.mu.Unlock()
+}
+
+func (cq *CQ) attach(q *QP) {
+	cq.mu.Lock()
+	cq.qps++
+	cq.only = q
+	if cq.qps > 1 {
+		cq.only = nil
+	}
+	cq.mu.Unlock()
+}
+
+func (cq *CQ) detach(q *QP) {
+	cq.mu.Lock()
+	cq.qps--
+	if cq.only == q {
+		cq.only = nil
+	}
+	cq.mu.Unlock()
 }
 
 // NewCQ returns a completion queue holding up to depth completions.
@@ -33,11 +64,17 @@ func NewCQ(depth int) *CQ {
 func (cq *CQ) Cap() int { return len(cq.ring) }
 
 // push appends c; it reports false (and marks the queue overrun) when full.
-func (cq *CQ) push(c *Completion) bool {
+// fromRx says the receive path produced it: a waiter receiving inline sees
+// those itself; others ring it.
+func (cq *CQ) push(c *Completion, fromRx bool) bool {
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
 		cq.overrun = true
+		w := cq.inline
 		cq.mu.Unlock()
+		if w != nil {
+			w.ring()
+		}
 		return false
 	}
 	i := cq.head + cq.n
@@ -46,7 +83,11 @@ func (cq *CQ) push(c *Completion) bool {
 	}
 	cq.ring[i] = *c
 	cq.n++
+	w := cq.inline
 	cq.mu.Unlock()
+	if w != nil && !fromRx {
+		w.ring()
+	}
 	select {
 	case cq.notify <- struct{}{}:
 	default:
@@ -89,10 +130,14 @@ func (cq *CQ) Len() int {
 
 // Wait blocks until at least one completion is waiting or ctx is done. It
 // returns ErrCQOverrun once the queue has overrun.
+//
+// When the queue serves a single queue pair, the waiting goroutine
+// receives on that queue pair's connection itself, as a TCP reader would:
+// no hand-off from the receive goroutine, hence the lowest latency.
 func (cq *CQ) Wait(ctx context.Context) error {
 	for {
 		cq.mu.Lock()
-		n, over := cq.n, cq.overrun
+		n, over, only := cq.n, cq.overrun, cq.only
 		cq.mu.Unlock()
 		if over {
 			return ErrCQOverrun
@@ -100,12 +145,29 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		if n > 0 {
 			return nil
 		}
+		var free chan struct{}
+		if only != nil {
+			if only.receiveInline(ctx, cq, cq.nonEmpty) {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				continue
+			}
+			free = only.rxFree
+		}
 		select {
 		case <-cq.notify:
+		case <-free:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+func (cq *CQ) nonEmpty() bool {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.n > 0 || cq.overrun
 }
 
 // Notify returns a channel that receives a token when completions arrive,

@@ -94,7 +94,7 @@ func (l *fdLink) Readv(bufs [][]byte) (int, error) {
 	}
 	l.rn, l.rerr = 0, nil
 	err := l.rc.Read(l.rfunc)
-	clear(l.riov[:cap(l.riov)])
+	clear(l.riov) // drop the references to the buffers
 	if err != nil {
 		return 0, err
 	}
@@ -159,8 +159,8 @@ func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 	}
 	l.wblock = block
 	err := l.rc.Write(l.wfunc)
-	clear(l.wiov[:cap(l.wiov)])
-	clear(l.wmsg[:cap(l.wmsg)])
+	clear(l.wiov) // drop the references to the buffers
+	clear(l.wmsg)
 	if err != nil {
 		return 0, err
 	}

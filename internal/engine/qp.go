@@ -184,6 +184,18 @@ type QP struct {
 	rx     rxState
 	peerUp atomic.Bool // the peer's first FPDU has arrived
 
+	// The receive path is held by the receive goroutine or, inline, by a
+	// goroutine waiting for this QP (rxMu). rxYield asks the receive
+	// goroutine to let go; it signals rxFree when it has. rxAppSeen is when
+	// an inline receiver last let go; rxTick reports progress made by the
+	// receive goroutine to Progress.
+	rxMu      sync.Mutex
+	rxYield   atomic.Bool
+	bell      atomic.Bool
+	rxAppSeen atomic.Int64
+	rxFree    chan struct{}
+	rxTick    chan struct{}
+
 	peerData []byte
 
 	done    chan struct{}
@@ -208,7 +220,13 @@ func NewQP(cfg Config) (*QP, error) {
 		sq:     make([]sqEntry, cfg.SendDepth),
 		rq:     make([]rqEntry, cfg.RecvDepth),
 		txWake: make(chan struct{}, 1),
+		rxFree: make(chan struct{}, 1),
+		rxTick: make(chan struct{}, 1),
 		done:   make(chan struct{}),
+	}
+	cfg.SendCQ.attach(q)
+	if cfg.RecvCQ != cfg.SendCQ {
+		cfg.RecvCQ.attach(q)
 	}
 	return q, nil
 }
@@ -506,7 +524,7 @@ const ackPoll = 50 * time.Microsecond
 
 // retireLocked completes send-queue entries in order, as far as they are
 // done, pushing completions for the signaled and the failed.
-func (q *QP) retireLocked() {
+func (q *QP) retireLocked(fromRx bool) {
 	for q.sqHead < q.sqTail {
 		e := &q.sq[q.sqHead%uint64(len(q.sq))]
 		if !e.done {
@@ -518,7 +536,7 @@ func (q *QP) retireLocked() {
 		}
 		if e.wr.Flags&Signaled != 0 || e.status != Success {
 			c := Completion{ID: e.wr.ID, QP: q, Op: compOp(e.wr.Op), Status: e.status, Bytes: e.length}
-			if !q.cfg.SendCQ.push(&c) {
+			if !q.cfg.SendCQ.push(&c, fromRx) {
 				q.overrunLocked()
 			}
 		}
@@ -565,7 +583,13 @@ func (q *QP) Disconnect(ctx context.Context) error {
 // and waits for its goroutines to stop.
 func (q *QP) Close() error {
 	q.fail(ErrClosed)
-	q.closing.Do(func() { close(q.done) })
+	q.closing.Do(func() {
+		close(q.done)
+		q.cfg.SendCQ.detach(q)
+		if q.cfg.RecvCQ != q.cfg.SendCQ {
+			q.cfg.RecvCQ.detach(q)
+		}
+	})
 	if q.link != nil {
 		q.link.Close()
 	}
@@ -637,7 +661,7 @@ func (q *QP) flushLocked() {
 		}
 		*e = irqEntry{}
 	}
-	q.retireLocked()
+	q.retireLocked(false)
 	for ; q.rqHead < q.rqTail; q.rqHead++ {
 		e := &q.rq[q.rqHead%uint64(len(q.rq))]
 		st := WRFlushError
@@ -648,7 +672,7 @@ func (q *QP) flushLocked() {
 			e.sges[i].MR.Release()
 		}
 		c := Completion{ID: e.id, QP: q, Op: CompRecv, Status: st}
-		if !q.cfg.RecvCQ.push(&c) {
+		if !q.cfg.RecvCQ.push(&c, false) {
 			q.overrunLocked()
 		}
 		e.sges = [MaxSGE]SGE{}

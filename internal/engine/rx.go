@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"time"
 
 	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
@@ -89,9 +92,87 @@ type peerTerminate struct{ t wire.Terminate }
 func (p *peerTerminate) Error() string { return p.t.Err.Error() }
 func (p *peerTerminate) Unwrap() error { return &p.t.Err }
 
+// rxLoop is the receive goroutine. It holds the receive path (rxMu) and
+// blocks on the socket, except while an application goroutine waiting for
+// this QP's completions receives on it itself (see receiveInline); it takes
+// the path back once the application has left it idle for rxReclaim.
 func (q *QP) rxLoop() {
 	defer q.wg.Done()
-	err := q.rx.run()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		if q.State() == StateError {
+			return
+		}
+		if time.Since(time.Unix(0, q.rxAppSeen.Load())) >= rxReclaim && q.rxMu.TryLock() {
+			err := q.rx.background()
+			q.rxMu.Unlock()
+			if !errors.Is(err, errRxYield) {
+				q.rxFailed(err)
+				return
+			}
+			select {
+			case q.rxFree <- struct{}{}:
+			default:
+			}
+		}
+		t.Reset(rxReclaim)
+		select {
+		case <-t.C:
+		case <-q.done:
+			return
+		}
+	}
+}
+
+// rxReclaim is how long the receive path stays with an application that
+// received on it inline before the receive goroutine takes it back.
+const rxReclaim = 200 * time.Microsecond
+
+// errRxYield stops the receive goroutine at an FPDU boundary so an
+// application goroutine can receive; errRxTimeout ends an inline receive
+// whose deadline passed.
+var (
+	errRxYield   = errors.New("engine: receive path yielded")
+	errRxTimeout = errors.New("engine: receive deadline")
+)
+
+// background runs the receive path until asked to yield or until it fails.
+func (r *rxState) background() error {
+	q := r.q
+	for {
+		if q.rxYield.Load() {
+			r.yielded()
+			return errRxYield
+		}
+		err := r.fpdu()
+		if errors.Is(err, errRxYield) {
+			if q.rxYield.Load() {
+				r.yielded()
+				return err
+			}
+			q.bell.Store(false)
+			q.link.Conn().SetReadDeadline(time.Time{}) // a stale doorbell
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case q.rxTick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *rxState) yielded() {
+	r.q.rxYield.Store(false)
+	r.q.bell.Store(false)
+	r.q.link.Conn().SetReadDeadline(time.Time{})
+}
+
+// rxFailed acts on the error that ended the receive path.
+func (q *QP) rxFailed(err error) {
 	var f *fault
 	var pt *peerTerminate
 	switch {
@@ -112,6 +193,103 @@ func (q *QP) rxLoop() {
 		q.fail(ErrClosed)
 	default:
 		q.fail(fmt.Errorf("%w: %w", ErrLinkLost, err))
+	}
+}
+
+// receiveInline runs the receive path on the calling goroutine, blocking
+// on the socket, until done reports true or ctx is done. It is how a
+// goroutine waiting for this QP receives with no hand-off from the receive
+// goroutine: the latency of a plain TCP reader. It reports false, having
+// asked the receive goroutine to yield, when that goroutine holds the path;
+// the caller then waits on rxFree. A cancellable ctx is noticed within
+// ctxPoll, without a goroutine or an allocation per call.
+func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
+	if s := q.State(); s != StateReady && s != StateClosing {
+		return false
+	}
+	if !q.rxMu.TryLock() {
+		q.rxYield.Store(true)
+		q.ring()
+		return false
+	}
+	if cq != nil {
+		cq.setInline(q)
+	}
+	cancellable := ctx.Done() != nil
+	arm := func() {
+		var d time.Time
+		if cancellable {
+			d = time.Now().Add(ctxPoll)
+			if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+				d = cd
+			}
+		}
+		q.rearm(d)
+	}
+	arm()
+	r := &q.rx
+	var failed error
+	for !done() && ctx.Err() == nil {
+		if s := q.State(); s != StateReady && s != StateClosing {
+			break
+		}
+		err := r.fpdu()
+		if errors.Is(err, errRxYield) {
+			// The doorbell, or the deadline: a completion came from
+			// elsewhere, another waiter would receive, or it is time to look
+			// at ctx. Look again.
+			q.bell.Store(false)
+			arm()
+			continue
+		}
+		if err != nil {
+			failed = err
+			break
+		}
+		if cancellable {
+			arm() // the FPDU may have cleared the deadline
+		}
+	}
+	if cq != nil {
+		cq.setInline(nil)
+	}
+	q.link.Conn().SetReadDeadline(time.Time{})
+	q.rxAppSeen.Store(time.Now().UnixNano())
+	q.rxMu.Unlock()
+	if failed != nil {
+		q.rxFailed(failed)
+	}
+	return true
+}
+
+// ctxPoll is how often an inline receiver waiting with a cancellable
+// context looks at it.
+const ctxPoll = 10 * time.Millisecond
+
+// Progress blocks until the queue pair has received at least one FPDU
+// (placed a peer's Write, answered a Read, completed a receive…) or ctx is
+// done, running the receive path on the calling goroutine when it can: the
+// way to wait for one-sided Writes with the least latency, watching
+// MR.Placed between calls.
+func (q *QP) Progress(ctx context.Context) error {
+	for {
+		if s := q.State(); s != StateReady && s != StateClosing {
+			if err := q.Err(); err != nil {
+				return err
+			}
+			return ErrNotReady
+		}
+		n := 0
+		if q.receiveInline(ctx, nil, func() bool { n++; return n > 1 }) {
+			return ctx.Err()
+		}
+		select {
+		case <-q.rxFree:
+		case <-q.rxTick:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
@@ -176,8 +354,11 @@ func statusFor(e *wire.TermError) Status {
 	return FatalError
 }
 
-// fill makes at least n bytes available in the staging buffer.
-func (r *rxState) fill(n int) error {
+// fill makes at least n bytes available in the staging buffer. first is
+// set for the read that starts an FPDU, where nothing of it is held on the
+// stack: only there does a deadline stop the receive path (to yield it, or
+// for an inline receive whose time is up); elsewhere the FPDU is finished.
+func (r *rxState) fill(n int, first bool) error {
 	if r.w-r.r >= n {
 		return nil
 	}
@@ -187,7 +368,7 @@ func (r *rxState) fill(n int) error {
 	}
 	for r.w-r.r < n {
 		r.iov = append(r.iov[:0], r.buf[r.w:])
-		k, err := r.q.link.Readv(r.iov)
+		k, err := r.readv(r.iov, first)
 		r.iov[0] = nil
 		r.w += k
 		if err != nil {
@@ -198,6 +379,44 @@ func (r *rxState) fill(n int) error {
 		}
 	}
 	return nil
+}
+
+// readv reads from the link. The read deadline is a doorbell: set in the
+// past, it asks whoever holds the receive path to look up (see
+// receiveInline, background). At the start of an FPDU readv reports that
+// as errRxYield; in the middle of one it clears it and reads on.
+func (r *rxState) readv(iov [][]byte, first bool) (int, error) {
+	for {
+		k, err := r.q.link.Readv(iov)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return k, err
+		}
+		if first {
+			return k, errRxYield
+		}
+		r.q.link.Conn().SetReadDeadline(time.Time{})
+		if k > 0 {
+			return k, nil
+		}
+	}
+}
+
+// ring asks the holder of the receive path to look up: the receive
+// goroutine to yield (with rxYield set), an inline receiver to check
+// whether what it waits for has come. bell keeps the ring from being lost
+// when the receiver re-arms its deadline at the same moment.
+func (q *QP) ring() {
+	q.bell.Store(true)
+	q.link.Conn().SetReadDeadline(time.Unix(1, 0))
+}
+
+// rearm sets the read deadline for the next wait of the receive path (zero
+// for none), unless the doorbell rang meanwhile.
+func (q *QP) rearm(d time.Time) {
+	q.link.Conn().SetReadDeadline(d)
+	if q.bell.Load() {
+		q.link.Conn().SetReadDeadline(time.Unix(1, 0))
+	}
 }
 
 // run is the receive loop: one FPDU per turn, until an error.
@@ -215,12 +434,12 @@ func (r *rxState) fpdu() error {
 	if q.State() == StateError {
 		return net.ErrClosed // failed meanwhile: place nothing more
 	}
-	if err := r.fill(2); err != nil {
+	if err := r.fill(2, true); err != nil {
 		return err
 	}
 	r.ulen = int(binary.BigEndian.Uint16(r.buf[r.r:]))
 	r.hlen = min(r.ulen, maxHead)
-	if err := r.fill(2 + r.hlen); err != nil {
+	if err := r.fill(2+r.hlen, false); err != nil {
 		return err
 	}
 	copy(r.head[:], r.buf[r.r+2:r.r+2+r.hlen])
@@ -309,7 +528,7 @@ func (r *rxState) placeAndCheck(payload int, crc uint32) error {
 		return err
 	}
 	pad := wire.PadLen(r.ulen)
-	if err := r.fill(pad + wire.CRCLen); err != nil {
+	if err := r.fill(pad+wire.CRCLen, false); err != nil {
 		return err
 	}
 	if r.crc {
@@ -444,7 +663,7 @@ func (r *rxState) responsePlaced(h *wire.Header, n int) {
 		e.readsLeft--
 		if e.readsLeft == 0 {
 			e.done = true
-			q.retireLocked()
+			q.retireLocked(true)
 		}
 	}
 	q.mu.Unlock()
@@ -596,7 +815,7 @@ func (r *rxState) sendPlaced(h *wire.Header, n int) error {
 	}
 	e.sges = [MaxSGE]SGE{}
 	q.rqHead++
-	if !q.cfg.RecvCQ.push(&c) {
+	if !q.cfg.RecvCQ.push(&c, true) {
 		q.overrunLocked()
 	}
 	return nil
@@ -608,7 +827,7 @@ func (r *rxState) terminate(n int) error {
 		return newFault(wire.ErrDDPCatastrophic, "Terminate of %d bytes", r.ulen)
 	}
 	total := wire.FPDULen(r.ulen)
-	if err := r.fill(total); err != nil {
+	if err := r.fill(total, false); err != nil {
 		return err
 	}
 	f, _, err := wire.ParseFPDU(r.buf[r.r:r.r+total], r.crc)
@@ -650,7 +869,7 @@ func (r *rxState) place(n int, crc *uint32) error {
 		}
 		r.r, r.w = 0, 0
 		if n < directMin {
-			if err := r.fill(1); err != nil {
+			if err := r.fill(1, false); err != nil {
 				return err
 			}
 			continue
@@ -659,8 +878,8 @@ func (r *rxState) place(n int, crc *uint32) error {
 		// and, likely, the next FPDU's header.
 		r.iov = append(r.iov[:0], dst[i:]...)
 		r.iov = append(r.iov, r.buf[:wire.MaxTrailerLen+2+maxHead])
-		k, err := r.q.link.Readv(r.iov)
-		clear(r.iov[:cap(r.iov)])
+		k, err := r.readv(r.iov, false)
+		clear(r.iov)
 		for k > 0 && n > 0 {
 			c := min(k, len(dst[i]))
 			if r.crc {

@@ -174,7 +174,7 @@ func (q *QP) markSentLocked() {
 		}
 		q.sqDone++
 	}
-	q.retireLocked()
+	q.retireLocked(false)
 }
 
 // build fills an empty batch from the queues; q.mu is held.

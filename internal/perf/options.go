@@ -178,21 +178,15 @@ func (w *waiter) next(wc []gowarp.Completion) (int, error) {
 	}
 }
 
-// waitPlaced waits until mr has had at least want bytes placed in it,
-// checking with a spinner between looks. It gives up when qp leaves the
-// ready state or ctx is done.
+// waitPlaced waits until mr has had at least want bytes placed in it by
+// qp's peer, receiving on qp's connection in this goroutine (QP.Progress),
+// as perftest's ib_write_lat polls its buffer. It gives up when qp leaves
+// the ready state or ctx is done.
 func waitPlaced(ctx context.Context, mr *gowarp.MR, want uint64, qp *gowarp.QP) error {
-	var s spinner
-	for i := 1; mr.Placed() < want; i++ {
-		if i%64 == 0 {
-			if err := qpGone(qp); err != nil {
-				return err
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+	for mr.Placed() < want {
+		if err := qp.Progress(ctx); err != nil {
+			return err
 		}
-		s.yield()
 	}
 	return nil
 }
