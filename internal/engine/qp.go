@@ -186,15 +186,15 @@ type QP struct {
 
 	// The receive path is held by the receive goroutine or, inline, by a
 	// goroutine waiting for this QP (rxMu). rxYield asks the receive
-	// goroutine to let go; it signals rxFree when it has. rxAppSeen is when
-	// an inline receiver last let go; rxTick reports progress made by the
+	// goroutine to let go; it signals rxFree when it has. rxAppGen counts
+	// the times an inline receiver let go; rxTick reports progress made by the
 	// receive goroutine to Progress.
-	rxMu      sync.Mutex
-	rxYield   atomic.Bool
-	bell      atomic.Bool
-	rxAppSeen atomic.Int64
-	rxFree    chan struct{}
-	rxTick    chan struct{}
+	rxMu     sync.Mutex
+	rxYield  atomic.Bool
+	bell     atomic.Bool
+	rxAppGen atomic.Uint64
+	rxFree   chan struct{}
+	rxTick   chan struct{}
 
 	peerData []byte
 

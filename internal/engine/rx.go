@@ -46,6 +46,8 @@ type rxState struct {
 
 	msn [3]uint32 // next expected MSN per queue number
 
+	dl time.Time // the read deadline the holder of the path last set
+
 	// The receive being filled by a Send: a copy of the WQE (a flush may
 	// clear the ring entry meanwhile), its index in the ring, progress and
 	// outcome.
@@ -100,11 +102,17 @@ func (q *QP) rxLoop() {
 	defer q.wg.Done()
 	t := time.NewTimer(time.Hour)
 	t.Stop()
+	seen := q.rxAppGen.Load() - 1
 	for {
 		if q.State() == StateError {
 			return
 		}
-		if time.Since(time.Unix(0, q.rxAppSeen.Load())) >= rxReclaim && q.rxMu.TryLock() {
+		// Take the path back only when no inline receiver has come and gone
+		// for a whole period (the generation has not moved).
+		gen := q.rxAppGen.Load()
+		idle := gen == seen
+		seen = gen
+		if idle && q.rxMu.TryLock() {
 			err := q.rx.background()
 			q.rxMu.Unlock()
 			if !errors.Is(err, errRxYield) {
@@ -152,7 +160,7 @@ func (r *rxState) background() error {
 				return err
 			}
 			q.bell.Store(false)
-			q.link.Conn().SetReadDeadline(time.Time{}) // a stale doorbell
+			q.rearm(time.Time{}) // a stale doorbell
 			continue
 		}
 		if err != nil {
@@ -168,7 +176,7 @@ func (r *rxState) background() error {
 func (r *rxState) yielded() {
 	r.q.rxYield.Store(false)
 	r.q.bell.Store(false)
-	r.q.link.Conn().SetReadDeadline(time.Time{})
+	r.q.rearm(time.Time{})
 }
 
 // rxFailed acts on the error that ended the receive path.
@@ -253,8 +261,8 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	if cq != nil {
 		cq.setInline(nil)
 	}
-	q.link.Conn().SetReadDeadline(time.Time{})
-	q.rxAppSeen.Store(time.Now().UnixNano())
+	q.rearm(time.Time{})
+	q.rxAppGen.Add(1)
 	q.rxMu.Unlock()
 	if failed != nil {
 		q.rxFailed(failed)
@@ -391,10 +399,12 @@ func (r *rxState) readv(iov [][]byte, first bool) (int, error) {
 		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return k, err
 		}
+		r.dl = time.Unix(1, 0) // whoever set it, the deadline has passed
 		if first {
 			return k, errRxYield
 		}
-		r.q.link.Conn().SetReadDeadline(time.Time{})
+		r.q.bell.Store(false)
+		r.q.rearm(time.Time{})
 		if k > 0 {
 			return k, nil
 		}
@@ -411,11 +421,17 @@ func (q *QP) ring() {
 }
 
 // rearm sets the read deadline for the next wait of the receive path (zero
-// for none), unless the doorbell rang meanwhile.
+// for none), unless the doorbell rang meanwhile. The holder of the path
+// keeps the deadline it set in rx.dl, to skip setting it again.
 func (q *QP) rearm(d time.Time) {
+	if d.Equal(q.rx.dl) && !q.bell.Load() {
+		return
+	}
+	q.rx.dl = d
 	q.link.Conn().SetReadDeadline(d)
 	if q.bell.Load() {
-		q.link.Conn().SetReadDeadline(time.Unix(1, 0))
+		q.rx.dl = time.Unix(1, 0)
+		q.link.Conn().SetReadDeadline(q.rx.dl)
 	}
 }
 
