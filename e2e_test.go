@@ -11,11 +11,10 @@ import (
 
 // pair is two connected queue pairs over loopback, each with its own CQ.
 type pair struct {
-	dev                *gowarp.Device
-	pd                 *gowarp.PD
-	a, b               *gowarp.QP
-	acq, bcq           *gowarp.CQ
-	aPrivate, bPrivate []byte
+	dev      *gowarp.Device
+	pd       *gowarp.PD
+	a, b     *gowarp.QP
+	acq, bcq *gowarp.CQ
 }
 
 func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {

@@ -142,6 +142,31 @@ func (p *rawPeer) terminate() wire.Terminate {
 	}
 }
 
+// rawResponder listens (with lc's options) as a raw MPA responder: it
+// answers the first connection's revision 2 request with a reply carrying
+// ird and ord, then hands the connection over, reading nothing more.
+func rawResponder(t testing.TB, lc net.ListenConfig, ird, ord uint16) (string, <-chan net.Conn) {
+	t.Helper()
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	conns := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		hdr := make([]byte, wire.MPAHeaderLen+4)
+		io.ReadFull(c, hdr)
+		rep, _ := (&wire.MPAFrame{Reply: true, Revision: 2, Enhanced: true, IRD: ird, ORD: ord}).Append(nil)
+		c.Write(rep)
+		conns <- c
+	}()
+	return ln.Addr().String(), conns
+}
+
 // server is a gowarp listener whose accepted QPs the test can inspect.
 type server struct {
 	dev  *gowarp.Device

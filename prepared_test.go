@@ -83,23 +83,7 @@ func TestPrepared(t *testing.T) {
 // time (remote address, key, length, flags, region) put exactly their own
 // fields on the wire, and a deregistered region is not reused from the cache.
 func TestShapeCacheFollowsChanges(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	conns := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		hdr := make([]byte, wire.MPAHeaderLen+4)
-		io.ReadFull(c, hdr)
-		rep, _ := (&wire.MPAFrame{Reply: true, Revision: 2, Enhanced: true, IRD: 4, ORD: 4}).Append(nil)
-		c.Write(rep)
-		conns <- c
-	}()
+	addr, conns := rawResponder(t, net.ListenConfig{}, 4, 4)
 	dev := gowarp.Open()
 	pd := dev.AllocPD()
 	cq := dev.NewCQ(64)
@@ -107,7 +91,7 @@ func TestShapeCacheFollowsChanges(t *testing.T) {
 	defer qp.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{NoP2P: true}); err != nil {
+	if err := qp.Connect(ctx, addr, gowarp.ConnectOptions{NoP2P: true}); err != nil {
 		t.Fatal(err)
 	}
 	c := <-conns

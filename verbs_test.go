@@ -234,23 +234,7 @@ func TestAckedCompletion(t *testing.T) {
 			lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 				return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 8192) })
 			}}
-			ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			conns := make(chan net.Conn, 1)
-			go func() {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				hdr := make([]byte, wire.MPAHeaderLen+4)
-				io.ReadFull(c, hdr)
-				rep, _ := (&wire.MPAFrame{Reply: true, Revision: 2, Enhanced: true, IRD: 1, ORD: 1}).Append(nil)
-				c.Write(rep)
-				conns <- c
-			}()
+			addr, conns := rawResponder(t, lc, 1, 1)
 			dev := gowarp.Open()
 			pd := dev.AllocPD()
 			cq := dev.NewCQ(8)
@@ -258,7 +242,7 @@ func TestAckedCompletion(t *testing.T) {
 			defer qp.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{NoP2P: true}); err != nil {
+			if err := qp.Connect(ctx, addr, gowarp.ConnectOptions{NoP2P: true}); err != nil {
 				t.Fatal(err)
 			}
 			c := <-conns
@@ -267,11 +251,9 @@ func TestAckedCompletion(t *testing.T) {
 			// receiver's window, so part of it stays unacknowledged.
 			const n = 256 << 10
 			src, _ := pd.Register(make([]byte, n), 0)
-			sndbuf := 0
 			if err := qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: n}}, RKey: 1}); err != nil {
 				t.Fatal(err)
 			}
-			_ = sndbuf
 			var wc [1]gowarp.Completion
 			deadline := time.Now().Add(500 * time.Millisecond)
 			for time.Now().Before(deadline) && cq.Poll(wc[:]) == 0 {

@@ -137,13 +137,9 @@ func (q *QP) rxLoop() {
 // received on it inline before the receive goroutine takes it back.
 const rxReclaim = 200 * time.Microsecond
 
-// errRxYield stops the receive goroutine at an FPDU boundary so an
-// application goroutine can receive; errRxTimeout ends an inline receive
-// whose deadline passed.
-var (
-	errRxYield   = errors.New("engine: receive path yielded")
-	errRxTimeout = errors.New("engine: receive deadline")
-)
+// errRxYield reports the read-deadline doorbell at an FPDU boundary: the
+// receive goroutine is asked to yield, or an inline receiver to look up.
+var errRxYield = errors.New("engine: receive path yielded")
 
 // background runs the receive path until asked to yield or until it fails.
 func (r *rxState) background() error {
@@ -432,15 +428,6 @@ func (q *QP) rearm(d time.Time) {
 	if q.bell.Load() {
 		q.rx.dl = time.Unix(1, 0)
 		q.link.Conn().SetReadDeadline(q.rx.dl)
-	}
-}
-
-// run is the receive loop: one FPDU per turn, until an error.
-func (r *rxState) run() error {
-	for {
-		if err := r.fpdu(); err != nil {
-			return err
-		}
 	}
 }
 

@@ -288,20 +288,18 @@ func (ss *serverSession) run(ctx context.Context) error {
 	// of the one posted receive says when it has gone.
 	w.poll = false
 	var wc [4]gowarp.Completion
-	for {
-		n, err := w.next(wc[:])
-		if err != nil {
+	n, err := w.next(wc[:])
+	if err != nil {
+		return err
+	}
+	for _, c := range wc[:n] {
+		if err := c.Err(); err != nil {
 			return err
 		}
-		for _, c := range wc[:n] {
-			if err := c.Err(); err != nil {
-				return err
-			}
-		}
-		// A successful completion here is a Send the test does not
-		// expect: the client is misbehaving.
-		return errors.New("unexpected Send from the client")
 	}
+	// A successful completion here is a Send the test does not expect:
+	// the client is misbehaving.
+	return errors.New("unexpected Send from the client")
 }
 
 // sendBW keeps receives posted, reposting each as it completes, and

@@ -104,7 +104,7 @@ func Ping(ctx context.Context, dev *gowarp.Device, addr string, o ClientOptions)
 			r.MinRTT = rtt
 		}
 		if o.Validate && !bytes.Equal(start.Bytes(), sink.Bytes()) {
-			return r, fmt.Errorf("%w in ping %d: sent %.40q..., got back %.40q...", ErrMismatch, ping, start.Bytes(), sink.Bytes())
+			return r, fmt.Errorf("%w in ping %d: sent %.40q, got back %.40q", ErrMismatch, ping, start.Bytes(), sink.Bytes())
 		}
 		if o.Verbose != nil {
 			fmt.Fprintf(o.Verbose, "ping data: %s\n", CString(sink.Bytes()))
