@@ -463,3 +463,71 @@ func TestOneSTagManyBuffers(t *testing.T) {
 		t.Fatalf("write past the joined range: %v", p.a.Err())
 	}
 }
+
+// TestDisconnect: Disconnect lets queued sends leave and complete, closes
+// the connection, and the peer sees a clean close with its receives flushed.
+func TestDisconnect(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	src, _ := p.reg(t, 1<<20, 0)
+	rmr, _ := p.reg(t, 1<<20, gowarp.LocalWrite)
+	p.b.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: rmr, Length: 1 << 20}}})
+	p.b.PostRecv(&gowarp.RecvWR{ID: 2, SGL: []gowarp.SGE{{MR: rmr, Length: 1 << 20}}})
+	p.a.PostSend(&gowarp.SendWR{ID: 10, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 1 << 20}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.a.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, p.acq); c.ID != 10 || c.Err() != nil {
+		t.Fatalf("send queued before Disconnect: %+v", c)
+	}
+	if s := p.a.State(); s != gowarp.StateError {
+		t.Fatalf("state after Disconnect %v", s)
+	}
+	if err := p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSend}); !errors.Is(err, gowarp.ErrNotReady) {
+		t.Fatalf("post after Disconnect: %v", err)
+	}
+	if c := wait(t, p.bcq); c.ID != 1 || c.Err() != nil || c.Bytes != 1<<20 {
+		t.Fatalf("peer's receive %+v", c)
+	}
+	if c := wait(t, p.bcq); c.ID != 2 || c.Status != gowarp.WRFlushError {
+		t.Fatalf("peer's spare receive %+v, want flushed", c)
+	}
+	if err := p.b.Err(); !errors.Is(err, gowarp.ErrPeerClosed) {
+		t.Fatalf("peer error %v, want ErrPeerClosed", err)
+	}
+}
+
+// TestORDLimitsReads: with ORD 1 negotiated, a burst of Reads goes out one
+// at a time (the send queue waits for each response) and all complete, in
+// order, together with the Writes queued between them.
+func TestORDLimitsReads(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{IRD: 1, ORD: 1})
+	if p.a.Params().ORD != 1 || p.b.Params().IRD != 1 {
+		t.Fatalf("negotiated ORD %d / peer IRD %d", p.a.Params().ORD, p.b.Params().IRD)
+	}
+	remote, rbuf := p.reg(t, 64<<10, gowarp.RemoteRead|gowarp.RemoteWrite)
+	fillPattern(rbuf, 2)
+	local, lbuf := p.reg(t, 64<<10, gowarp.LocalWrite)
+	for i := range 16 {
+		op := gowarp.OpRead
+		if i%4 == 3 {
+			op = gowarp.OpWrite
+		}
+		off := i * 4096
+		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: op, Flags: gowarp.Signaled,
+			SGL: []gowarp.SGE{{MR: local, Offset: off, Length: 4096}}, RemoteAddr: remote.Addr() + uint64(off), RKey: uint32(remote.STag())}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 16 {
+		if c := wait(t, p.acq); c.ID != uint64(i) || c.Err() != nil {
+			t.Fatalf("completion %+v, want ID %d", c, i)
+		}
+	}
+	for i := range 16 {
+		if i%4 != 3 && !bytes.Equal(lbuf[i*4096:(i+1)*4096], rbuf[i*4096:(i+1)*4096]) {
+			t.Fatalf("read %d differs", i)
+		}
+	}
+}
