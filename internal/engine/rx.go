@@ -223,9 +223,15 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	arm := func() {
 		var d time.Time
 		if cancellable {
-			d = time.Now().Add(ctxPoll)
+			now := time.Now()
+			d = now.Add(ctxPoll)
 			if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
 				d = cd
+			}
+			// A deadline already set, still to come and no later than this
+			// one serves as well, and costs nothing.
+			if cur := q.rx.dl; cur.After(now) && !cur.After(d) && !q.bell.Load() {
+				return
 			}
 		}
 		q.rearm(d)
@@ -250,14 +256,16 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 			failed = err
 			break
 		}
-		if cancellable {
-			arm() // the FPDU may have cleared the deadline
+		if cancellable && q.rx.dl.IsZero() {
+			arm() // the FPDU cleared the deadline
 		}
 	}
 	if cq != nil {
 		cq.setInline(nil)
 	}
-	q.rearm(time.Time{})
+	if !cancellable {
+		q.rearm(time.Time{})
+	} // else the deadline stays for the next wait; to the receive goroutine it is a stale doorbell
 	q.rxAppGen.Add(1)
 	q.rxMu.Unlock()
 	if failed != nil {
