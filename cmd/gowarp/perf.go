@@ -52,6 +52,7 @@ type perfConfig struct {
 	iters    int
 	depth    int
 	signal   int
+	postList int
 	json     bool
 	server   string
 	client   string
@@ -74,6 +75,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 	fs.IntVar(&c.iters, "iters", 0, "run `N` messages or round trips instead of a -duration")
 	fs.IntVar(&c.depth, "depth", perf.DefaultDepth, "work requests bandwidth tests keep outstanding (128 was the best overall on loopback)")
 	fs.IntVar(&c.signal, "signal", 0, "bandwidth tests signal every `N`th work request (0: depth/4)")
+	fs.IntVar(&c.postList, "post-list", perf.DefaultPostList, "bandwidth tests post `N` work requests per doorbell (QP.PostSendList), like perftest's --post_list; 1 posts them one by one")
 	fs.BoolVar(&c.conn.CRC, "crc", false, "ask for MPA CRC32c on every FPDU")
 	fs.IntVar(&c.conn.MPARevision, "mpa-rev", 2, "MPA revision, 1 or 2")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object per result instead of the table")
@@ -188,7 +190,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	enc := json.NewEncoder(stdout)
 	failed := 0
 	for _, r := range runs {
-		o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal,
+		o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,
 			Iters: c.iters, Duration: c.duration}
 		res, err := client.Run(ctx, r.test, o)
 		if err != nil {

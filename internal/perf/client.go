@@ -214,20 +214,35 @@ func (r *clientRun) bandwidth(ctx context.Context) (Result, error) {
 	var spin spinner
 	var posted, completed uint64
 	stopping, flushed := false, false
+	list := make([]gowarp.SendWR, 0, o.postList())
+	post := func() error {
+		_, err := r.qp.PostSendList(list)
+		list = list[:0]
+		return err
+	}
 	start := time.Now()
 	for {
 		blocked := false
 		if !stopping {
 			limit := min(completed+depth, credits())
 			for posted < limit && (o.Iters <= 0 || posted < uint64(o.Iters)) {
-				wr.ID, wr.Flags = posted, 0
+				w := wr
+				w.ID, w.Flags = posted, 0
 				if (posted+1)%every == 0 {
-					wr.Flags = gowarp.Signaled
+					w.Flags = gowarp.Signaled
 				}
-				if err := r.qp.PostSend(&wr); err != nil {
+				list = append(list, w)
+				posted++
+				if len(list) == cap(list) {
+					if err := post(); err != nil {
+						return Result{}, err
+					}
+				}
+			}
+			if len(list) > 0 {
+				if err := post(); err != nil {
 					return Result{}, err
 				}
-				posted++
 			}
 			blocked = posted == limit && limit < completed+depth
 			if o.done(int(posted), start, time.Now()) {

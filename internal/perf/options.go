@@ -51,6 +51,10 @@ type Options struct {
 	// Depth is how many work requests bandwidth tests keep outstanding
 	// (0: DefaultDepth).
 	Depth int
+	// PostList is how many work requests bandwidth tests post with one
+	// doorbell (QP.PostSendList), like perftest's --post_list (0:
+	// DefaultPostList; 1 posts them one by one).
+	PostList int
 	// SignalEvery makes bandwidth tests signal only every n-th work
 	// request (0: automatic, depth/4).
 	SignalEvery int
@@ -83,6 +87,17 @@ func (o *Options) depth() int {
 		return DefaultDepth
 	}
 	return o.Depth
+}
+
+// DefaultPostList is the default Options.PostList: small messages then
+// leave many to a system call.
+const DefaultPostList = 16
+
+func (o *Options) postList() int {
+	if o.PostList <= 0 {
+		return DefaultPostList
+	}
+	return min(o.PostList, o.depth())
 }
 
 func (o *Options) signalEvery() int {
