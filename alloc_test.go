@@ -79,3 +79,44 @@ func TestHotPathAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestPreparedAndProgressAllocs: posting a prepared request (one and many
+// per doorbell) and waiting for a one-sided Write with QP.Progress
+// allocate nothing either.
+func TestPreparedAndProgressAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts are meaningless under -short")
+	}
+	p := newPair(t, gowarp.ConnectOptions{})
+	src, _ := p.reg(t, 4096, 0)
+	dst, _ := p.reg(t, 4096, gowarp.RemoteWrite)
+	ctx := context.Background()
+	pre, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pre.Release()
+	var wc [4]gowarp.Completion
+	want := uint64(0)
+	run := func() {
+		if _, err := pre.PostN(1, 8, true); err != nil {
+			t.Fatal(err)
+		}
+		want += 8 * 64
+		for p.acq.Poll(wc[:1]) == 0 {
+			p.acq.Wait(ctx)
+		}
+		// The target side waits for the Writes to land by receiving inline.
+		for dst.Placed() < want {
+			if err := p.b.Progress(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 20 {
+		run()
+	}
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Errorf("%.2f allocations per prepared post and Progress wait", n)
+	}
+}
