@@ -597,3 +597,30 @@ func TestSilentPeerDoesNotStallListener(t *testing.T) {
 		}
 	}
 }
+
+// TestResponderSilentUntilFirstFPDU: without peer-to-peer mode a responder
+// sends nothing before the initiator's first FPDU (RFC 5044 §7.1.2; a siw
+// initiator treats early bytes as a protocol error), even with a Send
+// posted at once; the Send leaves as soon as the initiator has spoken.
+func TestResponderSilentUntilFirstFPDU(t *testing.T) {
+	s := newServer(t, gowarp.ConnectOptions{})
+	p, rep := dialRaw(t, s.ln.Addr().String(), false, 1, 1)
+	if rep.P2P {
+		t.Fatal("reply offers peer-to-peer mode to a request that did not ask")
+	}
+	qp := s.accepted(t)
+	src, _ := s.pd.Register([]byte("hello"), 0)
+	if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 5}}}); err != nil {
+		t.Fatal(err)
+	}
+	p.c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, err := p.c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the responder sent %d bytes before the initiator's first FPDU (%v)", n, err)
+	}
+	p.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	p.write(1, 0, nil) // a zero-length Write: the initiator's first FPDU
+	h, payload, err := p.next()
+	if err != nil || h.Opcode != wire.OpSend || string(payload[:5]) != "hello" {
+		t.Fatalf("after the first FPDU: %+v %q %v", h, payload, err)
+	}
+}
