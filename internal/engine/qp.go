@@ -176,7 +176,6 @@ type QP struct {
 
 	// Transmit role: held by one goroutine at a time.
 	txBusy   bool
-	txAgain  bool // work arrived while the role was held
 	txHanded bool // the role was passed to the transmit goroutine
 	txWake   chan struct{}
 	tx       txState
@@ -435,8 +434,7 @@ func (q *QP) kick() {
 // to the transmit goroutine in AsyncOnly mode.
 func (q *QP) kickLocked() {
 	if q.txBusy {
-		q.txAgain = true
-		q.mu.Unlock()
+		q.mu.Unlock() // the holder builds its next batch under q.mu: it will see this
 		return
 	}
 	q.txBusy = true
@@ -452,9 +450,7 @@ func (q *QP) kickLocked() {
 // kickAsyncLocked starts the transmit path on the transmit goroutine; q.mu
 // is held and is released.
 func (q *QP) kickAsyncLocked() {
-	if q.txBusy {
-		q.txAgain = true
-	} else {
+	if !q.txBusy {
 		q.txBusy = true
 		q.handTxLocked()
 	}

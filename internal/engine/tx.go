@@ -102,7 +102,6 @@ func (q *QP) transmit(block bool) {
 				return
 			}
 			t.build()
-			q.txAgain = false
 			if t.left == 0 {
 				q.txBusy = false
 				q.mu.Unlock()
