@@ -5,6 +5,10 @@ import (
 	"net"
 )
 
+// maxIov bounds the vectors of one gathered write or scattered read
+// (Linux's IOV_MAX is 1024).
+const maxIov = 1024
+
 // errWouldBlock is returned by a non-blocking Writev that could write nothing.
 var errWouldBlock = errors.New("engine: write would block")
 

@@ -9,9 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxIov bounds the vectors of one readv/writev (Linux IOV_MAX is 1024).
-const maxIov = 1024
-
 // fdLink drives a TCP socket through its raw descriptor: scatter reads that
 // land payload straight in registered memory, gathered non-blocking writes,
 // and the kernel's send-queue counters. The iovec arrays and the callbacks
@@ -104,11 +101,11 @@ func (l *fdLink) Readv(bufs [][]byte) (int, error) {
 	return l.rn, l.rerr
 }
 
-// mmsghdr is struct mmsghdr of 64-bit Linux, for sendmmsg(2).
+// mmsghdr is struct mmsghdr, for sendmmsg(2). Go pads it as C does: to
+// 64 bytes on 64-bit Linux, 32 on 32-bit.
 type mmsghdr struct {
 	hdr unix.Msghdr
 	len uint32
-	_   [4]byte
 }
 
 // doWrite sends the records with one sendmmsg, each with MSG_EOR so that

@@ -93,7 +93,7 @@ func checkShape(wr *SendWR) (int, error) {
 		}
 		total += wr.SGL[i].Length
 	}
-	if total > 1<<32-1 {
+	if uint64(total) > 1<<32-1 {
 		return 0, ErrTooLong
 	}
 	return total, nil

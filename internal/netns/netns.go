@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package netns builds test networks: two Linux network namespaces joined
 // by a veth pair with private addresses, so tests can run gowarp across a
 // real (virtual) Ethernet link with a real MTU, on one machine and with
