@@ -306,47 +306,39 @@ func (ss *serverSession) run(ctx context.Context) error {
 // returns credits to the client: one 8-byte Write to its credit buffer
 // per batch of reposted receives.
 func (ss *serverSession) sendBW(ctx context.Context, w *waiter) error {
-	wc := make([]gowarp.Completion, 64)
-	recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
 	credit := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: ss.credit, Length: 8}},
 		RemoteAddr: ss.req.creditAddr, RKey: ss.req.creditSTag}
 	reposted, owed := 0, 0
-	for {
-		n, err := w.next(wc)
-		if err != nil {
-			return err
+	return ss.onReceives(w, 64, func() error {
+		if reposted++; reposted%ss.batch == 0 {
+			owed++
 		}
-		for _, c := range wc[:n] {
-			if err := c.Err(); err != nil {
-				return err
-			}
-			if c.Op != gowarp.CompRecv {
-				continue
-			}
-			recv.ID = c.ID
-			if err := ss.qp.PostRecv(&recv); err != nil {
-				return err
-			}
-			if reposted++; reposted%ss.batch == 0 {
-				owed++
-			}
-		}
+		return nil
+	}, func() error {
 		for ; owed > 0; owed-- {
 			if err := ss.qp.PostSend(&credit); err != nil {
 				if errors.Is(err, gowarp.ErrQueueFull) {
-					break // try again after the next completions
+					return nil // try again after the next completions
 				}
 				return err
 			}
 		}
-	}
+		return nil
+	})
 }
 
 // sendLat answers every Send with a Send of the same size.
 func (ss *serverSession) sendLat(ctx context.Context, w *waiter) error {
-	wc := make([]gowarp.Completion, 16)
-	recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
 	send := gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
+	return ss.onReceives(w, 16, func() error { return postRetry(ctx, ss.qp, &send) }, nil)
+}
+
+// onReceives waits for completions until an error, reposting each
+// completed receive and calling each for it, then batch (if any) after
+// every burst of completions.
+func (ss *serverSession) onReceives(w *waiter, burst int, each, batch func() error) error {
+	wc := make([]gowarp.Completion, burst)
+	recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
 	for {
 		n, err := w.next(wc)
 		if err != nil {
@@ -363,7 +355,12 @@ func (ss *serverSession) sendLat(ctx context.Context, w *waiter) error {
 			if err := ss.qp.PostRecv(&recv); err != nil {
 				return err
 			}
-			if err := postRetry(ctx, ss.qp, &send); err != nil {
+			if err := each(); err != nil {
+				return err
+			}
+		}
+		if batch != nil {
+			if err := batch(); err != nil {
 				return err
 			}
 		}

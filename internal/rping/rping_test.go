@@ -100,14 +100,7 @@ func TestPingPong(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			dev := gowarp.Open()
-			ln, err := dev.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ctx, dev, ln := setup(t)
 			var sv bytes.Buffer
 			errc := make(chan error, 1)
 			sctx, scancel := context.WithCancel(ctx)
@@ -153,14 +146,7 @@ func TestPingPong(t *testing.T) {
 
 // TestServerCount ends a session after the server's own count.
 func TestServerCount(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	dev := gowarp.Open()
-	ln, err := dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ctx, dev, ln := setup(t)
 	errc := make(chan error, 1)
 	go func() { errc <- Serve(ctx, dev, ln, false, ServerOptions{Count: 2}) }()
 	r, err := Ping(ctx, gowarp.Open(), ln.Addr().String(), ClientOptions{Count: 5, Validate: true, Connect: gowarp.ConnectOptions{NoP2P: true}})
@@ -175,14 +161,7 @@ func TestServerCount(t *testing.T) {
 // TestBadAdvertisement: a client advertising a start buffer it never
 // registered makes the server's Read fail with a remote access error.
 func TestBadAdvertisement(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	dev := gowarp.Open()
-	ln, err := dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ctx, dev, ln := setup(t)
 	errc := make(chan error, 1)
 	go func() { errc <- Serve(ctx, dev, ln, false, ServerOptions{}) }()
 
@@ -212,14 +191,7 @@ func TestBadAdvertisement(t *testing.T) {
 // zero-length Writes meanwhile, which change nothing, and the session
 // goes on.
 func TestNudge(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	dev := gowarp.Open()
-	ln, err := dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ctx, dev, ln := setup(t)
 	errc := make(chan error, 1)
 	go func() {
 		errc <- func() error {
@@ -258,4 +230,19 @@ func TestNudge(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatalf("server: %v", err)
 	}
+}
+
+// setup gives a test a 20-second context and a listening device on
+// loopback, both ended with the test.
+func setup(t *testing.T) (context.Context, *gowarp.Device, *gowarp.Listener) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	dev := gowarp.Open()
+	ln, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ctx, dev, ln
 }
