@@ -147,7 +147,7 @@ func makeTmpl(wr *SendWR, sges []SGE) headerTmpl {
 func (q *QP) lookupShapeLocked(wr *SendWR) (*shape, error) {
 	fp := fingerprint(wr)
 	s := &q.shapes[fp%shapeSlots]
-	if s.fp == fp && s.nsge+int(s.wr.Op) > 0 && s.same(wr) {
+	if s.fp == fp && s.wr.Op != 0 && s.same(wr) { // Op 0: an empty slot
 		return s, nil
 	}
 	total, err := checkShape(wr)

@@ -556,6 +556,8 @@ func (q *QP) Disconnect(ctx context.Context) error {
 		q.state.Store(int32(StateClosing))
 	}
 	q.mu.Unlock()
+	tick := time.NewTicker(100 * time.Microsecond)
+	defer tick.Stop()
 	for {
 		q.mu.Lock()
 		idle := q.sqTx == q.sqTail && !q.txBusy && q.orqHead == q.orqTail
@@ -567,7 +569,7 @@ func (q *QP) Disconnect(ctx context.Context) error {
 		case <-ctx.Done():
 			q.Close()
 			return ctx.Err()
-		case <-time.After(100 * time.Microsecond):
+		case <-tick.C:
 		}
 	}
 	q.fail(ErrClosed)
