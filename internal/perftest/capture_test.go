@@ -185,6 +185,13 @@ func (f *fakeServer) run(ctx context.Context) error {
 		}
 	}
 	if f.test == WriteBW {
+		// The Writes come on the data connection, which the control
+		// exchange does not wait for (a Write completes at the client once
+		// handed to TCP): wait, boundedly, for them to be placed. A Write
+		// that never lands still fails the test.
+		for deadline := time.Now().Add(5 * time.Second); buf.Placed() < capSize*capIters && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 		f.placed = buf.Placed()
 	}
 	time.Sleep(10 * time.Millisecond) // let the last answer leave
