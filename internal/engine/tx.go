@@ -326,8 +326,9 @@ func header(op wire.Opcode) wire.Header {
 // segment returns the payload of the FPDU at offset off of a message of
 // length total, with at most max bytes per FPDU. A message that needs k
 // FPDUs is cut into k nearly equal ones (4-byte multiples but the last),
-// rather than full ones and a runt: a 64 KiB Write on loopback becomes two
-// 32 KiB FPDUs, each of which the receiver reads straight into place.
+// rather than full ones and a runt: a 64 KiB Write on loopback (segment
+// 32741) becomes three FPDUs of about 21.8 KiB, each of which the receiver
+// reads straight into place.
 func segment(max, total, off int) int {
 	left := total - off
 	if left <= max {

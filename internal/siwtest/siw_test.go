@@ -331,6 +331,9 @@ func (c perfCase) name() string {
 var reportLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)`)
 
 // perftest: ib_*_bw -R in the guest, gowarp perftest as its client.
+// A send_bw run that siw ends by miscounting a Send's FPDU, a bug of its
+// receive path (docs/interop.md §11), is run once more; every other
+// failure counts.
 func (s *suite) perftest(t *testing.T, c perfCase) {
 	ctx := ctxFor(t, 4*time.Minute)
 	if c.size == 0 {
@@ -338,6 +341,53 @@ func (s *suite) perftest(t *testing.T, c perfCase) {
 	}
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
+	for attempt := 1; ; attempt++ {
+		seen := 0
+		if c.test == "send_bw" {
+			seen = s.siwMOMiscounts(ctx)
+		}
+		d, problems := s.perftestOnce(ctx, t, c)
+		detail = d
+		if len(problems) == 0 {
+			if attempt > 1 {
+				detail += " (second run; the first hit siw's MO miscount, docs/interop.md §11)"
+			}
+			return
+		}
+		if attempt == 1 && c.test == "send_bw" && s.siwMOMiscounts(ctx) > seen {
+			t.Logf("siw miscounted a Send's FPDU (dmesg: send mo: N != N-k, docs/interop.md §11); running the scenario once more. First run:\n%s", strings.Join(problems, "\n"))
+			continue
+		}
+		for _, p := range problems {
+			t.Error(p)
+		}
+		return
+	}
+}
+
+// moMiscount matches siw's complaint when it has taken 1 to 3 bytes of a
+// Send's payload for header (a header split 17-19 bytes into an skb): the
+// next FPDU's MO is that much more than what siw counts as placed.
+var moMiscount = regexp.MustCompile(`send mo: (\d+) != (\d+)`)
+
+// siwMOMiscounts counts siw's "send mo: N != N-k" lines, 1 ≤ k ≤ 3, in the
+// guest's log.
+func (s *suite) siwMOMiscounts(ctx context.Context) int {
+	n := 0
+	for _, m := range moMiscount.FindAllStringSubmatch(s.v.dmesg(ctx, "send mo: "), -1) {
+		a, _ := strconv.Atoi(m[1])
+		b, _ := strconv.Atoi(m[2])
+		if k := a - b; k >= 1 && k <= 3 {
+			n++
+		}
+	}
+	return n
+}
+
+// perftestOnce runs one perftest scenario and returns its detail line and
+// what went wrong, if anything.
+func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (detail string, problems []string) {
+	fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
 	job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d", c.test, guestPerftestPort, c.iters, c.size), 3*time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -350,32 +400,34 @@ func (s *suite) perftest(t *testing.T, c perfCase) {
 	}
 	out, err := h.wait(ctx)
 	if err != nil {
-		t.Errorf("gowarp perftest: %v\n%s", err, out)
+		fail("gowarp perftest: %v\n%s", err, out)
 	}
 	rc, gout, err := job.wait(ctx)
 	if err != nil || rc != 0 {
-		t.Errorf("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, gout)
+		fail("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, gout)
 	}
 	mine, theirs := reportLine.FindStringSubmatch(out), reportLine.FindStringSubmatch(gout)
 	if mine == nil || theirs == nil {
-		t.Fatalf("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+		fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+		return "", problems
 	}
 	detail = fmt.Sprintf("gowarp measured %s MB/s avg (peak %s); siw's server printed %s MB/s avg (peak %s)", mine[4], mine[3], theirs[4], theirs[3])
 	if mine[1] != theirs[1] || mine[2] != theirs[2] {
-		t.Errorf("gowarp ran %s × %s, the server %s × %s", mine[1], mine[2], theirs[1], theirs[2])
+		fail("gowarp ran %s × %s, the server %s × %s", mine[1], mine[2], theirs[1], theirs[2])
 	}
 	if mine[1] != strconv.Itoa(c.size) || mine[2] != strconv.Itoa(c.iters) {
-		t.Errorf("gowarp's report is for %s × %s, want %d × %d", mine[1], mine[2], c.size, c.iters)
+		fail("gowarp's report is for %s × %s, want %d × %d", mine[1], mine[2], c.size, c.iters)
 	}
 	if c.test != "send_bw" {
 		// The write_bw and read_bw servers print the client's report,
 		// received over the control connection.
 		if mine[3] != theirs[3] || mine[4] != theirs[4] || mine[5] != theirs[5] {
-			t.Errorf("server printed %v, gowarp sent %v", theirs[1:], mine[1:])
+			fail("server printed %v, gowarp sent %v", theirs[1:], mine[1:])
 		}
 	} else if bw, _ := strconv.ParseFloat(theirs[4], 64); bw <= 0 {
-		t.Errorf("send_bw server measured %s MB/s", theirs[4])
+		fail("send_bw server measured %s MB/s", theirs[4])
 	}
+	return detail, problems
 }
 
 // connectToGuestRping connects a gowarp queue pair to a guest rping
