@@ -27,7 +27,7 @@ func vethPair(tb testing.TB, o gowarp.ConnectOptions) (*pair, *netns.Pair) {
 func TestVeth(t *testing.T) {
 	p, _ := vethPair(t, gowarp.ConnectOptions{CRC: true})
 	if got := p.a.FPDUSize(); got != 1448 {
-		t.Errorf("FPDU size %d on a 1500-byte MTU link, want 1448 (MSS rounded to 8)", got)
+		t.Errorf("FPDU size %d on a 1500-byte MTU link, want 1448 (the MSS)", got)
 	}
 	const n = 1 << 20
 	src, sbuf := p.reg(t, n, gowarp.LocalWrite)

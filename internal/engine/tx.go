@@ -61,9 +61,14 @@ type txState struct {
 	fFirst   int  // its first payload vector
 	termSent bool // a Terminate is in the batch: close after it
 
-	maxTagged, maxUntagged int // payload bytes per full FPDU
-	seg                    int // bytes of a full FPDU
+	maxTagged, maxUntagged int  // payload bytes per full FPDU
+	seg                    int  // bytes of a full FPDU
+	align                  bool // FPDUs fill and start TCP segments
 }
+
+// alignMaxSeg is the largest TCP segment to which FPDUs are aligned: real
+// links' (jumbo frames included); beyond it is loopback.
+const alignMaxSeg = 16 << 10
 
 func (t *txState) init(q *QP, l Link) {
 	t.q, t.link, t.crc = q, l, q.params.CRC
@@ -75,11 +80,20 @@ func (t *txState) init(q *QP, l Link) {
 	seg := q.params.MaxFPDU
 	if seg <= 0 {
 		seg = l.MSS()
+		// On a link with real segments, FPDUs fill them exactly and start
+		// with them (RFC 5044 §4.4), as siw's do: a peer's header then never
+		// straddles two segments. Loopback's "segment" is half its first
+		// window and means nothing on the wire.
+		t.align = seg >= 536 && seg <= alignMaxSeg
 	}
 	if seg <= 0 {
 		seg = 64 << 10
 	}
-	seg = max(seg, 64) &^ 7
+	if t.align {
+		seg &^= 3 // full FPDUs are 4-byte multiples
+	} else {
+		seg = max(seg, 64) &^ 7
+	}
 	t.seg = seg
 	t.maxTagged = min(seg-2-wire.TaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.TaggedHeaderLen) &^ 3
 	t.maxUntagged = min(seg-2-wire.UntaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.UntaggedHeaderLen) &^ 3
@@ -290,9 +304,7 @@ func (t *txState) end(n int) {
 	if sz*maxSmallPerSegment < t.seg {
 		t.recSmall++
 		if t.recSmall == maxSmallPerSegment {
-			t.recs = append(t.recs, len(t.iov))
-			t.recSmall = 0
-			t.lastEnd = -1 // the next header must not join this record
+			t.endRecord()
 		}
 	}
 }
@@ -319,6 +331,14 @@ func (t *txState) frame(h *wire.Header, body func([]byte) []byte, sges []SGE, n 
 	t.end(n)
 }
 
+// hdrLen is the DDP/RDMAP header length of a Write's or Send's FPDUs.
+func hdrLen(op WROp) int {
+	if op == OpWrite {
+		return wire.TaggedHeaderLen
+	}
+	return wire.UntaggedHeaderLen
+}
+
 func header(op wire.Opcode) wire.Header {
 	return wire.Header{Opcode: op, Tagged: op.Info().Tagged, DDPVersion: wire.DDPVersion, RDMAPVersion: wire.RDMAPVersion, QN: op.Info().QN}
 }
@@ -336,6 +356,40 @@ func segment(max, total, off int) int {
 	}
 	k := (left + max - 1) / max
 	return min(max, ((left+k-1)/k+3)&^3)
+}
+
+// cut returns the payload of the FPDU at offset off of a message of length
+// total: full FPDUs and a shorter last one when FPDUs are aligned to TCP
+// segments, nearly equal ones otherwise.
+func (t *txState) cut(max, total, off int) int {
+	if t.align {
+		return min(max, total-off)
+	}
+	return segment(max, total, off)
+}
+
+// opening ends the open record before a large FPDU when FPDUs are aligned,
+// so that it starts a TCP segment; hlen+n is its ULPDU length.
+func (t *txState) opening(hlen, n int) {
+	if t.align && t.recSmall > 0 && wire.FPDULen(hlen+n)*maxSmallPerSegment >= t.seg {
+		t.endRecord()
+	}
+}
+
+// closing ends the record after the last FPDU of a message of several
+// FPDUs, or of one large one, when FPDUs are aligned: the next FPDU starts
+// a TCP segment. TCP cuts the record's full FPDUs at segment boundaries.
+func (t *txState) closing(last, multi bool, hlen, n int) {
+	if t.align && last && (multi || wire.FPDULen(hlen+n)*maxSmallPerSegment >= t.seg) {
+		t.endRecord()
+	}
+}
+
+// endRecord ends a record (a sendmsg with MSG_EOR) at the end of the batch.
+func (t *txState) endRecord() {
+	t.recs = append(t.recs, len(t.iov))
+	t.recSmall = 0
+	t.lastEnd = -1 // the next header must not join this record
 }
 
 // sgl returns the entry's SGEs.
@@ -367,9 +421,10 @@ func (t *txState) frameSQ() bool {
 	switch e.wr.Op {
 	case OpWrite:
 		for t.room() {
-			n := segment(t.maxTagged, e.length, t.off)
+			n := t.cut(t.maxTagged, e.length, t.off)
 			last := t.off+n == e.length
 			to := e.wr.RemoteAddr + uint64(t.off)
+			t.opening(wire.TaggedHeaderLen, n)
 			if e.tmpl.n > 0 {
 				t.beginTmpl(&e.tmpl, last, to, 0, 0)
 			} else {
@@ -379,6 +434,7 @@ func (t *txState) frameSQ() bool {
 			}
 			t.addSGEs(sges, n)
 			t.end(n)
+			t.closing(last, t.off > 0, hdrLen(e.wr.Op), n)
 			t.off += n
 			if last {
 				t.finish(e)
@@ -391,8 +447,9 @@ func (t *txState) frameSQ() bool {
 			e.msn = t.msn[wire.QNSend]
 		}
 		for t.room() {
-			n := segment(t.maxUntagged, e.length, t.off)
+			n := t.cut(t.maxUntagged, e.length, t.off)
 			last := t.off+n == e.length
+			t.opening(wire.UntaggedHeaderLen, n)
 			if e.tmpl.n > 0 {
 				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off))
 			} else {
@@ -405,6 +462,7 @@ func (t *txState) frameSQ() bool {
 			}
 			t.addSGEs(sges, n)
 			t.end(n)
+			t.closing(last, t.off > 0, hdrLen(e.wr.Op), n)
 			t.off += n
 			if last {
 				t.finish(e)
@@ -466,16 +524,18 @@ func (t *txState) finish(e *sqEntry) {
 func (t *txState) frameReadResponse() {
 	q := t.q
 	r := &q.irq[q.irqHead%uint64(len(q.irq))]
-	n := segment(t.maxTagged, r.size, r.sent)
+	n := t.cut(t.maxTagged, r.size, r.sent)
 	h := header(wire.OpReadResponse)
 	h.Last = r.sent+n == r.size
 	h.STag, h.TO = r.sinkSTag, r.sinkTO+uint64(r.sent)
+	t.opening(wire.TaggedHeaderLen, n)
 	t.begin(&h, nil)
 	if n > 0 {
 		t.iov = r.region.Slices(t.iov, r.srcOff+uint64(r.sent), uint64(n))
 		t.lastEnd = -1
 	}
 	t.end(n)
+	t.closing(h.Last, r.sent > 0, wire.TaggedHeaderLen, n)
 	r.sent += n
 	if h.Last {
 		if r.region != nil {
