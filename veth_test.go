@@ -4,12 +4,18 @@ package gowarp_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/internal/netns"
+	"github.com/gowarp/gowarp/wire"
 )
 
 // vethPair connects two QPs across a veth pair with MTU 1500 between two
@@ -81,4 +87,134 @@ func BenchmarkVethTCP64K(b *testing.B) {
 		b.Fatal(err)
 	}
 	benchTCPOn(b, ln, c, 64<<10)
+}
+
+// TestVethFPDUsFillSegments: on the veth link every TCP segment gowarp
+// sends, either way, holds whole FPDUs (RFC 5044 §4.4; siw 6.1 miscounts
+// Sends whose header is split over two segments, docs/interop.md §11). A
+// packet socket in namespace B sees the link's packets; as veth passes
+// GSO packets uncut, each is checked at every MSS boundary as well.
+func TestVethFPDUsFillSegments(t *testing.T) {
+	p, n := vethPair(t, gowarp.ConnectOptions{})
+	mss := p.a.FPDUSize()
+	var fd int
+	if err := netns.Do(n.B, func() error {
+		ifi, err := net.InterfaceByName(n.LinkB)
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM, proto); err != nil {
+			return err
+		}
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
+	}); err != nil {
+		t.Skipf("no packet socket in the namespace: %v", err)
+	}
+	defer unix.Close(fd)
+	var stop atomic.Bool
+	segs := make(chan []byte, 1<<14)
+	go func() {
+		defer close(segs)
+		buf := make([]byte, 1<<17)
+		for !stop.Load() {
+			k, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue // the receive timeout, to look at stop
+			}
+			if pl := tcpPayload(buf[:k]); len(pl) > 0 {
+				segs <- bytes.Clone(pl)
+			}
+		}
+	}()
+
+	// Each operation waits behind a Read, whose response acknowledges all
+	// before it, so the socket always takes a whole write: where it takes
+	// only part of one (its buffer full), TCP sends what it took and the
+	// FPDU cut there straddles two segments; nothing can keep that from
+	// happening (docs/interop.md §11).
+	const size = 20000
+	src, _ := p.reg(t, size, gowarp.LocalWrite)
+	dst, _ := p.reg(t, size, gowarp.LocalWrite|gowarp.RemoteWrite|gowarp.RemoteRead)
+	back, _ := p.reg(t, size, gowarp.LocalWrite)
+	sizes := []int{size, 100, 3000, 8, size - 1, 1448, 3*1424 + 1}
+	for range sizes {
+		p.b.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: dst, Length: size}}})
+	}
+	fence := func() {
+		t.Helper()
+		p.a.PostSend(&gowarp.SendWR{ID: 99, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+		if c := wait(t, p.acq); c.ID != 99 || c.Err() != nil {
+			t.Fatalf("completion %+v", c)
+		}
+	}
+	for _, k := range sizes {
+		sgl := []gowarp.SGE{{MR: src, Length: k}}
+		for _, wr := range []gowarp.SendWR{
+			{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
+			{Op: gowarp.OpSend, SGL: sgl},
+			{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: back, Length: k}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
+		} {
+			if err := p.a.PostSend(&wr); err != nil {
+				t.Fatal(err)
+			}
+			fence()
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop.Store(true)
+
+	var fpdus, checked int
+	for pl := range segs {
+		if bytes.HasPrefix(pl, []byte("MPA ID ")) {
+			continue
+		}
+		checked++
+		cuts := map[int]bool{}
+		for c := mss; c < len(pl); c += mss {
+			cuts[c] = true
+		}
+		off := 0
+		for off < len(pl) {
+			delete(cuts, off)
+			if len(pl)-off < 2 {
+				break
+			}
+			off += wire.FPDULen(int(binary.BigEndian.Uint16(pl[off:])))
+			fpdus++
+		}
+		if off != len(pl) || len(cuts) > 0 {
+			t.Errorf("a %d-byte segment does not hold whole FPDUs of at most %d bytes (FPDUs walk to %d; MSS cuts inside FPDUs: %d)", len(pl), mss, off, len(cuts))
+			if checked > 20 {
+				break
+			}
+		}
+	}
+	if fpdus < 150 {
+		t.Errorf("saw only %d FPDUs in %d segments", fpdus, checked)
+	}
+	t.Logf("%d segments, %d FPDUs, each segment whole FPDUs", checked, fpdus)
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// tcpPayload returns the TCP payload of an IPv4 packet, nil if none.
+func tcpPayload(b []byte) []byte {
+	if len(b) < 20 || b[0]>>4 != 4 || b[9] != unix.IPPROTO_TCP {
+		return nil
+	}
+	ihl := int(b[0]&0xf) * 4
+	if tot := int(binary.BigEndian.Uint16(b[2:])); tot >= ihl && tot <= len(b) {
+		b = b[:tot]
+	}
+	if len(b) < ihl+20 {
+		return nil
+	}
+	off := ihl + int(b[ihl+12]>>4)*4
+	if off > len(b) {
+		return nil
+	}
+	return b[off:]
 }

@@ -23,6 +23,7 @@ import (
 // Pair is two namespaces, A and B, joined by a veth pair.
 type Pair struct {
 	A, B         string     // namespace names
+	LinkA, LinkB string     // the veth ends, in A and in B
 	AddrA, AddrB netip.Addr // their addresses on the link
 	MTU          int
 }
@@ -59,6 +60,7 @@ func New(tb testing.TB, mtu int) *Pair {
 	}
 	tb.Cleanup(func() { run("netns", "del", p.B) })
 	va, vb := id+"x", id+"y"
+	p.LinkA, p.LinkB = va, vb
 	steps := [][]string{
 		{"link", "add", va, "netns", p.A, "type", "veth", "peer", "name", vb, "netns", p.B},
 		{"-n", p.A, "link", "set", va, "mtu", fmt.Sprint(mtu), "up"},
