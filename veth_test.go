@@ -90,7 +90,8 @@ func BenchmarkVethTCP64K(b *testing.B) {
 }
 
 // TestVethFPDUsFillSegments: on the veth link every TCP segment gowarp
-// sends, either way, holds whole FPDUs (RFC 5044 §4.4; siw 6.1 miscounts
+// sends, either way, holds whole FPDUs, for messages of several FPDUs and
+// small ones (RFC 5044 §4.4; siw 6.1 miscounts
 // Sends whose header is split over two segments, docs/interop.md §11). A
 // packet socket in namespace B sees the link's packets; as veth passes
 // GSO packets uncut, each is checked at every MSS boundary as well.

@@ -42,6 +42,7 @@ type txState struct {
 	recRel   []int
 	recFirst int
 	recSmall int
+	recOpen  bool // an FPDU was framed since the last record end
 	arena    []byte
 	lastEnd  int    // arena offset where the last vector ends, -1 if it is not in the arena
 	left     int    // bytes of the batch not yet written
@@ -194,7 +195,7 @@ func (q *QP) markSentLocked() {
 func (t *txState) build() {
 	q := t.q
 	t.iov, t.first, t.arena, t.lastEnd, t.left = t.iov[:0], 0, t.arena[:0], -1, 0
-	t.recs, t.recFirst, t.recSmall = t.recs[:0], 0, 0
+	t.recs, t.recFirst, t.recSmall, t.recOpen = t.recs[:0], 0, 0, false
 	if q.termPending != nil {
 		t.frameTerminate(q.termPending)
 		q.termPending = nil
@@ -294,6 +295,7 @@ func (t *txState) end(n int) {
 	t.arena = t.arena[:ts+len(tr)]
 	t.addArena(ts, len(t.arena))
 	sz := wire.FPDULen(ulen)
+	t.recOpen = true
 	t.left += sz
 	t.built = t.written + uint64(t.left)
 	// Many small FPDUs gathered in one write would share one TCP segment
@@ -331,14 +333,6 @@ func (t *txState) frame(h *wire.Header, body func([]byte) []byte, sges []SGE, n 
 	t.end(n)
 }
 
-// hdrLen is the DDP/RDMAP header length of a Write's or Send's FPDUs.
-func hdrLen(op WROp) int {
-	if op == OpWrite {
-		return wire.TaggedHeaderLen
-	}
-	return wire.UntaggedHeaderLen
-}
-
 func header(op wire.Opcode) wire.Header {
 	return wire.Header{Opcode: op, Tagged: op.Info().Tagged, DDPVersion: wire.DDPVersion, RDMAPVersion: wire.RDMAPVersion, QN: op.Info().QN}
 }
@@ -368,19 +362,23 @@ func (t *txState) cut(max, total, off int) int {
 	return segment(max, total, off)
 }
 
-// opening ends the open record before a large FPDU when FPDUs are aligned,
-// so that it starts a TCP segment; hlen+n is its ULPDU length.
-func (t *txState) opening(hlen, n int) {
-	if t.align && t.recSmall > 0 && wire.FPDULen(hlen+n)*maxSmallPerSegment >= t.seg {
+// opening starts a record for a message of several FPDUs when FPDUs are
+// aligned, so that its first FPDU starts a TCP segment: first and last
+// say which of the message's FPDUs is about to begin.
+func (t *txState) opening(first, last bool) {
+	if t.align && first && !last && t.recOpen {
 		t.endRecord()
 	}
 }
 
 // closing ends the record after the last FPDU of a message of several
-// FPDUs, or of one large one, when FPDUs are aligned: the next FPDU starts
-// a TCP segment. TCP cuts the record's full FPDUs at segment boundaries.
-func (t *txState) closing(last, multi bool, hlen, n int) {
-	if t.align && last && (multi || wire.FPDULen(hlen+n)*maxSmallPerSegment >= t.seg) {
+// FPDUs when FPDUs are aligned: TCP cuts the record's full FPDUs at segment
+// boundaries, and the next FPDU starts a segment. Messages of one FPDU are
+// left for TCP to pack (small ones in records of at most
+// maxSmallPerSegment): a record each would cost a packet each, which cut
+// the 512-byte message rate over veth by 7 times.
+func (t *txState) closing(first, last bool) {
+	if t.align && last && !first {
 		t.endRecord()
 	}
 }
@@ -389,6 +387,7 @@ func (t *txState) closing(last, multi bool, hlen, n int) {
 func (t *txState) endRecord() {
 	t.recs = append(t.recs, len(t.iov))
 	t.recSmall = 0
+	t.recOpen = false
 	t.lastEnd = -1 // the next header must not join this record
 }
 
@@ -424,7 +423,7 @@ func (t *txState) frameSQ() bool {
 			n := t.cut(t.maxTagged, e.length, t.off)
 			last := t.off+n == e.length
 			to := e.wr.RemoteAddr + uint64(t.off)
-			t.opening(wire.TaggedHeaderLen, n)
+			t.opening(t.off == 0, last)
 			if e.tmpl.n > 0 {
 				t.beginTmpl(&e.tmpl, last, to, 0, 0)
 			} else {
@@ -434,7 +433,7 @@ func (t *txState) frameSQ() bool {
 			}
 			t.addSGEs(sges, n)
 			t.end(n)
-			t.closing(last, t.off > 0, hdrLen(e.wr.Op), n)
+			t.closing(t.off == 0, last)
 			t.off += n
 			if last {
 				t.finish(e)
@@ -449,7 +448,7 @@ func (t *txState) frameSQ() bool {
 		for t.room() {
 			n := t.cut(t.maxUntagged, e.length, t.off)
 			last := t.off+n == e.length
-			t.opening(wire.UntaggedHeaderLen, n)
+			t.opening(t.off == 0, last)
 			if e.tmpl.n > 0 {
 				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off))
 			} else {
@@ -462,7 +461,7 @@ func (t *txState) frameSQ() bool {
 			}
 			t.addSGEs(sges, n)
 			t.end(n)
-			t.closing(last, t.off > 0, hdrLen(e.wr.Op), n)
+			t.closing(t.off == 0, last)
 			t.off += n
 			if last {
 				t.finish(e)
@@ -528,14 +527,14 @@ func (t *txState) frameReadResponse() {
 	h := header(wire.OpReadResponse)
 	h.Last = r.sent+n == r.size
 	h.STag, h.TO = r.sinkSTag, r.sinkTO+uint64(r.sent)
-	t.opening(wire.TaggedHeaderLen, n)
+	t.opening(r.sent == 0, h.Last)
 	t.begin(&h, nil)
 	if n > 0 {
 		t.iov = r.region.Slices(t.iov, r.srcOff+uint64(r.sent), uint64(n))
 		t.lastEnd = -1
 	}
 	t.end(n)
-	t.closing(h.Last, r.sent > 0, wire.TaggedHeaderLen, n)
+	t.closing(r.sent == 0, h.Last)
 	r.sent += n
 	if h.Last {
 		if r.region != nil {
