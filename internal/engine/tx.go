@@ -81,10 +81,11 @@ func (t *txState) init(q *QP, l Link) {
 	seg := q.params.MaxFPDU
 	if seg <= 0 {
 		seg = l.MSS()
-		// On a link with real segments, FPDUs fill them exactly and start
-		// with them (RFC 5044 §4.4), as siw's do: a peer's header then never
-		// straddles two segments. Loopback's "segment" is half its first
-		// window and means nothing on the wire.
+		// On a link with real segments, the FPDUs of a message of several
+		// fill them exactly and start with them (RFC 5044 §4.4), as siw's
+		// do: none of their headers straddles two segments (see closing).
+		// Loopback's "segment" is half its first window and means nothing
+		// on the wire.
 		t.align = seg >= 536 && seg <= alignMaxSeg
 	}
 	if seg <= 0 {
