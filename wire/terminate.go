@@ -215,38 +215,56 @@ func NewTerminate(err *TermError, head []byte, ulpduLen int, scratch []byte) Ter
 // Len returns the encoded length of the body.
 func (t *Terminate) Len() int { return terminateCtlLen + len(t.Rest) }
 
-// Append appends the encoded body (control word and Rest) to b.
-func (t *Terminate) Append(b []byte) []byte {
-	if t.SiwLayout {
-		return append(binary.BigEndian.AppendUint32(b, t.siwWord()), t.Rest...)
-	}
-	w := uint32(t.Err.Layer&0xf)<<28 | uint32(t.Err.Type&0xf)<<24 | uint32(t.Err.Code)<<16 | uint32(t.Reserved&termReserved)
-	if t.SegLenValid {
-		w |= termM
-	}
-	if t.HasDDPHeader {
-		w |= termD
-	}
-	if t.HasRDMAHeader {
-		w |= termR
-	}
-	b = binary.BigEndian.AppendUint32(b, w)
-	return append(b, t.Rest...)
+// termLayout places the fields of the control word: the RFC's, or siw's
+// (see Terminate.SiwLayout), which has no reserved bits.
+type termLayout struct {
+	layerShift, typeShift uint
+	m, d, r, reserved     uint32
 }
 
-// siwWord encodes the control word in siw's layout.
-func (t *Terminate) siwWord() uint32 {
-	w := uint32(t.Err.Type&0xf)<<28 | uint32(t.Err.Layer&0xf)<<24 | uint32(t.Err.Code)<<16
+var (
+	rfcTermLayout = termLayout{layerShift: 28, typeShift: 24, m: termM, d: termD, r: termR, reserved: termReserved}
+	siwTermLayout = termLayout{layerShift: 24, typeShift: 28, m: siwM, d: siwD, r: siwR}
+)
+
+func (t *Terminate) layout() *termLayout {
+	if t.SiwLayout {
+		return &siwTermLayout
+	}
+	return &rfcTermLayout
+}
+
+// word encodes t's control word in layout l.
+func (l *termLayout) word(t *Terminate) uint32 {
+	w := uint32(t.Err.Layer&0xf)<<l.layerShift | uint32(t.Err.Type&0xf)<<l.typeShift | uint32(t.Err.Code)<<16 | uint32(t.Reserved)&l.reserved
 	if t.SegLenValid {
-		w |= siwM
+		w |= l.m
 	}
 	if t.HasDDPHeader {
-		w |= siwD
+		w |= l.d
 	}
 	if t.HasRDMAHeader {
-		w |= siwR
+		w |= l.r
 	}
 	return w
+}
+
+// parse decodes control word w in layout l.
+func (l *termLayout) parse(w uint32) Terminate {
+	return Terminate{
+		Err:           TermError{Layer: Layer(w>>l.layerShift) & 0xf, Type: uint8(w>>l.typeShift) & 0xf, Code: uint8(w >> 16)},
+		SegLenValid:   w&l.m != 0,
+		HasDDPHeader:  w&l.d != 0,
+		HasRDMAHeader: w&l.r != 0,
+		Reserved:      uint16(w & l.reserved),
+		SiwLayout:     l == &siwTermLayout,
+	}
+}
+
+// Append appends the encoded body (control word and Rest) to b.
+func (t *Terminate) Append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, t.layout().word(t))
+	return append(b, t.Rest...)
 }
 
 // ParseTerminate decodes a Terminate body (the bytes after the untagged
@@ -258,22 +276,11 @@ func ParseTerminate(b []byte) (Terminate, int, error) {
 		return Terminate{}, 0, ErrTerminateFormat
 	}
 	w := binary.BigEndian.Uint32(b)
-	t := Terminate{
-		Err:           TermError{Layer: Layer(w >> 28), Type: uint8(w>>24) & 0xf, Code: uint8(w >> 16)},
-		SegLenValid:   w&termM != 0,
-		HasDDPHeader:  w&termD != 0,
-		HasRDMAHeader: w&termR != 0,
-		Reserved:      uint16(w & termReserved),
-	}
+	l := &rfcTermLayout
 	if w&0xffff&^siwFlags == 0 && w&siwFlags != 0 {
-		t = Terminate{
-			Err:           TermError{Layer: Layer(w>>24) & 0xf, Type: uint8(w >> 28), Code: uint8(w >> 16)},
-			SegLenValid:   w&siwM != 0,
-			HasDDPHeader:  w&siwD != 0,
-			HasRDMAHeader: w&siwR != 0,
-			SiwLayout:     true,
-		}
+		l = &siwTermLayout
 	}
+	t := l.parse(w)
 	if rest := b[terminateCtlLen:]; len(rest) > 0 {
 		t.Rest = rest
 	}
