@@ -2,6 +2,7 @@ package engine
 
 import (
 	"net"
+	"slices"
 	"sync"
 	"testing"
 
@@ -148,4 +149,20 @@ func TestFPDUsAlignToSegments(t *testing.T) {
 	}
 	la.check(t, "requester")
 	lb.check(t, "responder (Read Responses)")
+}
+
+// TestRecordsAfterShortWrites: after the socket took part of a batch, the
+// record ends handed to the link count from the first unwritten vector,
+// and those already written are gone.
+func TestRecordsAfterShortWrites(t *testing.T) {
+	tx := txState{recs: []int{3, 5, 9}}
+	for _, c := range []struct {
+		first int
+		want  []int
+	}{{0, []int{3, 5, 9}}, {4, []int{1, 5}}, {5, []int{4}}, {9, []int{}}} {
+		tx.first = c.first
+		if got := tx.records(); !slices.Equal(got, c.want) {
+			t.Errorf("first %d: records %v, want %v", c.first, got, c.want)
+		}
+	}
 }

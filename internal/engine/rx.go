@@ -239,7 +239,9 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	arm()
 	r := &q.rx
 	var failed error
-	for !done() && ctx.Err() == nil {
+	// ctx is looked at when the deadline (or the doorbell) stops the read,
+	// not after every FPDU: its Err takes a lock.
+	for live := ctx.Err() == nil; live && !done(); {
 		if s := q.State(); s != StateReady && s != StateClosing {
 			break
 		}
@@ -249,7 +251,9 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 			// elsewhere, another waiter would receive, or it is time to look
 			// at ctx. Look again.
 			q.bell.Store(false)
-			arm()
+			if live = ctx.Err() == nil; live {
+				arm()
+			}
 			continue
 		}
 		if err != nil {

@@ -34,12 +34,13 @@ type txState struct {
 
 	iov   [][]byte
 	first int // first vector not fully written
-	// recs are the indexes in iov where records end: runs of small FPDUs
-	// are cut every maxSmallPerSegment, so that no TCP segment carries more
-	// (see end). recFirst is the first record not yet written, recSmall
-	// the small FPDUs in the open record.
+	// recs are the indexes in iov, counted from recBase, where records end:
+	// runs of small FPDUs are cut every maxSmallPerSegment, so that no TCP
+	// segment carries more (see end), and aligned messages end one (see
+	// closing). recFirst is the first record not yet written, recSmall the
+	// small FPDUs in the open record.
 	recs     []int
-	recRel   []int
+	recBase  int // the vector recs are counted from: t.first at the last write
 	recFirst int
 	recSmall int
 	recOpen  bool // an FPDU was framed since the last record end
@@ -75,7 +76,6 @@ func (t *txState) init(q *QP, l Link) {
 	t.q, t.link, t.crc = q, l, q.params.CRC
 	t.iov = make([][]byte, 0, maxIov)
 	t.recs = make([]int, 0, maxIov)
-	t.recRel = make([]int, 0, maxIov)
 	t.arena = make([]byte, 0, txArena)
 	t.lastEnd = -1
 	seg := q.params.MaxFPDU
@@ -196,7 +196,7 @@ func (q *QP) markSentLocked() {
 func (t *txState) build() {
 	q := t.q
 	t.iov, t.first, t.arena, t.lastEnd, t.left = t.iov[:0], 0, t.arena[:0], -1, 0
-	t.recs, t.recFirst, t.recSmall, t.recOpen = t.recs[:0], 0, 0, false
+	t.recs, t.recBase, t.recFirst, t.recSmall, t.recOpen = t.recs[:0], 0, 0, 0, false
 	if q.termPending != nil {
 		t.frameTerminate(q.termPending)
 		q.termPending = nil
@@ -317,14 +317,17 @@ const maxSmallPerSegment = 8
 
 // records returns the ends of the unwritten records, relative to t.first.
 func (t *txState) records() []int {
-	for t.recFirst < len(t.recs) && t.recs[t.recFirst] <= t.first {
-		t.recFirst++
+	if d := t.first - t.recBase; d > 0 {
+		// Only after a short write: rebase what is left on t.first.
+		for t.recFirst < len(t.recs) && t.recs[t.recFirst] <= d {
+			t.recFirst++
+		}
+		for i := t.recFirst; i < len(t.recs); i++ {
+			t.recs[i] -= d
+		}
+		t.recBase = t.first
 	}
-	t.recRel = t.recRel[:0]
-	for _, e := range t.recs[t.recFirst:] {
-		t.recRel = append(t.recRel, e-t.first)
-	}
-	return t.recRel
+	return t.recs[t.recFirst:]
 }
 
 // frame appends a whole FPDU whose payload is n bytes of sges from the cursor.
