@@ -464,6 +464,28 @@ func waitQPError(ctx context.Context, qp *gowarp.QP) error {
 	return qp.Err()
 }
 
+// badSTag posts op, signaled with ID id, against an STag siw never issued
+// on a connection to a guest rping server, and waits for the queue pair to
+// fail. It returns the Terminate error in the failure if any, the CQ, the
+// rping job and the failure.
+func (s *suite) badSTag(ctx context.Context, t *testing.T, op gowarp.WROp, id uint64) (*wire.TermError, *gowarp.CQ, *guestJob, error) {
+	qp, pd, cq, job := s.connectToGuestRping(ctx, t)
+	mr, err := pd.Register(make([]byte, 16), gowarp.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.PostSend(&gowarp.SendWR{ID: id, Op: op, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: mr, Length: 16}}, RemoteAddr: 0x1000, RKey: 0xbad57a00}); err != nil {
+		t.Fatal(err)
+	}
+	err = waitQPError(ctx, qp)
+	var te *wire.TermError
+	if !errors.As(err, &te) {
+		te = nil
+	}
+	return te, cq, job, err
+}
+
 // siwSendsTerminate: an RDMA Write to an STag siw never issued draws
 // siw's Terminate (DDP, tagged buffer error, invalid STag), which gowarp
 // decodes and reports.
@@ -471,21 +493,11 @@ func (s *suite) siwSendsTerminate(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	qp, pd, _, job := s.connectToGuestRping(ctx, t)
-	src, err := pd.Register(make([]byte, 16), gowarp.LocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := qp.PostSend(&gowarp.SendWR{ID: 7, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: src, Length: 16}}, RemoteAddr: 0x1000, RKey: 0xbad57a00}); err != nil {
-		t.Fatal(err)
-	}
-	err = waitQPError(ctx, qp)
-	var te *wire.TermError
+	te, _, job, err := s.badSTag(ctx, t, gowarp.OpWrite, 7)
 	switch {
 	case !errors.Is(err, gowarp.ErrPeerTerminated):
 		t.Errorf("queue pair error %v, want the peer's Terminate", err)
-	case !errors.As(err, &te):
+	case te == nil:
 		t.Errorf("queue pair error %v carries no Terminate error", err)
 	case te.Layer != wire.LayerDDP || !errors.Is(err, wire.ErrDDPInvalidSTag):
 		t.Errorf("siw's Terminate %v (layer %v type %d code %#x), want DDP tagged invalid STag", te, te.Layer, te.Type, te.Code)
@@ -503,18 +515,8 @@ func (s *suite) siwTerminatesRead(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	qp, pd, cq, job := s.connectToGuestRping(ctx, t)
-	sink, err := pd.Register(make([]byte, 16), gowarp.LocalWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := qp.PostSend(&gowarp.SendWR{ID: 8, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: sink, Length: 16}}, RemoteAddr: 0x1000, RKey: 0xbad57a00}); err != nil {
-		t.Fatal(err)
-	}
-	err = waitQPError(ctx, qp)
-	var te *wire.TermError
-	if !errors.Is(err, gowarp.ErrPeerTerminated) || !errors.As(err, &te) || te.Layer != wire.LayerRDMAP {
+	te, cq, job, err := s.badSTag(ctx, t, gowarp.OpRead, 8)
+	if !errors.Is(err, gowarp.ErrPeerTerminated) || te == nil || te.Layer != wire.LayerRDMAP {
 		t.Errorf("queue pair error %v, want siw's RDMAP Terminate", err)
 	} else {
 		detail = fmt.Sprintf("siw answered a Read of STag 0xbad57a00 with Terminate: %v", te)
