@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 )
 
@@ -19,9 +20,8 @@ type CQ struct {
 	// notify holds a token while completions may be waiting, so one
 	// waiter wakes per burst without a goroutine or allocation per entry.
 	notify chan struct{}
-	// qps counts the queue pairs completing here; only is the one, if one.
-	qps  int
-	only *QP
+	// qps are the queue pairs completing here.
+	qps []*QP
 	// inline is the queue pair a waiter is receiving on inline, to be rung
 	// when a completion comes from elsewhere.
 	inline *QP
@@ -35,21 +35,24 @@ func (cq *CQ) setInline(q *QP) {
 
 func (cq *CQ) attach(q *QP) {
 	cq.mu.Lock()
-	cq.qps++
-	cq.only = q
-	if cq.qps > 1 {
-		cq.only = nil
-	}
+	cq.qps = append(cq.qps, q)
 	cq.mu.Unlock()
 }
 
 func (cq *CQ) detach(q *QP) {
 	cq.mu.Lock()
-	cq.qps--
-	if cq.only == q {
-		cq.only = nil
+	if i := slices.Index(cq.qps, q); i >= 0 {
+		cq.qps = slices.Delete(cq.qps, i, i+1)
 	}
 	cq.mu.Unlock()
+}
+
+// onlyLocked returns the one queue pair completing here, nil unless one.
+func (cq *CQ) onlyLocked() *QP {
+	if len(cq.qps) == 1 {
+		return cq.qps[0]
+	}
+	return nil
 }
 
 // NewCQ returns a completion queue holding up to depth completions.
@@ -137,7 +140,7 @@ func (cq *CQ) Len() int {
 func (cq *CQ) Wait(ctx context.Context) error {
 	for {
 		cq.mu.Lock()
-		n, over, only := cq.n, cq.overrun, cq.only
+		n, over, only := cq.n, cq.overrun, cq.onlyLocked()
 		cq.mu.Unlock()
 		if over {
 			return ErrCQOverrun
