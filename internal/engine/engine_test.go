@@ -196,3 +196,19 @@ func TestCutAnywhere(t *testing.T) {
 		}
 	}
 }
+
+// TestCQOnlyQP: a CQ knows its one queue pair, so that a waiter can
+// receive on it inline, also once a second queue pair has come and gone.
+func TestCQOnlyQP(t *testing.T) {
+	cq := NewCQ(4)
+	a, b := &QP{}, &QP{}
+	cq.attach(a)
+	cq.attach(b)
+	if q := cq.onlyLocked(); q != nil {
+		t.Fatalf("two queue pairs, only %p", q)
+	}
+	cq.detach(a)
+	if q := cq.onlyLocked(); q != b {
+		t.Fatalf("after one left, only %p, want %p", q, b)
+	}
+}
