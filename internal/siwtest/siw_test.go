@@ -229,10 +229,7 @@ func (s *suite) hostClientRev1(t *testing.T) {
 	defer func() {
 		s.sum.add(t, t.Name(), "MPA rev 1 accepted by siw; rping's server then has ORD 0 and cannot Read (expected refusal)")
 	}()
-	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d -S 64", guestAddr, guestRpingPort), time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	job := s.rpingServer(ctx, t)
 	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-mpa-rev", "1")
 	if err != nil {
 		t.Fatal(err)
@@ -257,10 +254,7 @@ func (s *suite) privateDataTooLong(t *testing.T) {
 	defer func() {
 		s.sum.add(t, t.Name(), "253 B refused by siw (connection closed), then 252 B accepted by the same server")
 	}()
-	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d -S 64", guestAddr, guestRpingPort), time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	job := s.rpingServer(ctx, t)
 	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-pd", "253")
 	if err != nil {
 		t.Fatal(err)
@@ -430,14 +424,20 @@ func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (det
 	return detail, problems
 }
 
-// connectToGuestRping connects a gowarp queue pair to a guest rping
-// server and waits until siw has surely handed the socket to its queue
-// pair (see docs/interop.md on siw's accept race).
-func (s *suite) connectToGuestRping(ctx context.Context, t *testing.T) (*gowarp.QP, *gowarp.PD, *gowarp.CQ, *guestJob) {
+// rpingServer starts a 64-byte rping server in the guest.
+func (s *suite) rpingServer(ctx context.Context, t *testing.T) *guestJob {
 	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d -S 64", guestAddr, guestRpingPort), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return job
+}
+
+// connectToGuestRping connects a gowarp queue pair to a guest rping
+// server and waits until siw has surely handed the socket to its queue
+// pair (see docs/interop.md on siw's accept race).
+func (s *suite) connectToGuestRping(ctx context.Context, t *testing.T) (*gowarp.QP, *gowarp.PD, *gowarp.CQ, *guestJob) {
+	job := s.rpingServer(ctx, t)
 	dev := gowarp.Open()
 	pd := dev.AllocPD()
 	cq := dev.NewCQ(64)
