@@ -31,6 +31,7 @@ import (
 
 	"github.com/gowarp/gowarp/internal/engine"
 	"github.com/gowarp/gowarp/internal/mem"
+	"github.com/gowarp/gowarp/wire"
 )
 
 // MR is a registered memory region. Its STag is both the local key in
@@ -116,21 +117,66 @@ const (
 	Acked  = engine.Acked
 )
 
-// Errors.
+// Errors. Every error a call of this package returns, or a completion or
+// Err reports, matches one of these with errors.Is (or is a Status, a
+// *TermError, a context error or a net error, wrapped). A QP's Err after a
+// Terminate wraps the Terminate's reason as a *TermError as well.
 var (
-	ErrNotReady       = engine.ErrNotReady
-	ErrQueueFull      = engine.ErrQueueFull
-	ErrTooManySGE     = engine.ErrTooManySGE
-	ErrBadOp          = engine.ErrBadOp
-	ErrLocalAccess    = engine.ErrLocalAccess
+	// ErrNotReady: work was posted on a queue pair that is not connected
+	// (idle, closing or in error); once in error it wraps the reason.
+	ErrNotReady = engine.ErrNotReady
+	// ErrQueueFull: the send or receive queue has no free entry.
+	ErrQueueFull = engine.ErrQueueFull
+	// ErrTooManySGE: a work request has more than MaxSGE entries.
+	ErrTooManySGE = engine.ErrTooManySGE
+	// ErrBadOp: a send work request's Op is not one of the Op constants.
+	ErrBadOp = engine.ErrBadOp
+	// ErrTooLong: a work request's SGEs add up to 4 GiB or more, more
+	// than one RDMAP message can carry.
+	ErrTooLong = engine.ErrTooLong
+	// ErrLocalAccess: an SGE names no region, lies outside it, names an
+	// invalid region, or writes a region without LocalWrite.
+	ErrLocalAccess = engine.ErrLocalAccess
+	// ErrPeerTerminated: the peer sent a Terminate; the QP's Err wraps
+	// its reason (a *TermError).
 	ErrPeerTerminated = engine.ErrPeerTerminated
-	ErrTerminated     = engine.ErrTerminated
-	ErrPeerClosed     = engine.ErrPeerClosed
-	ErrClosed         = engine.ErrClosed
-	ErrLinkLost       = engine.ErrLinkLost
-	ErrCQOverrun      = engine.ErrCQOverrun
-	ErrRegionBusy     = mem.ErrBusy
+	// ErrTerminated: this side found an error in the peer's input and
+	// sent a Terminate; the QP's Err wraps its reason (a *TermError).
+	ErrTerminated = engine.ErrTerminated
+	// ErrPeerClosed: the peer closed the TCP connection.
+	ErrPeerClosed = engine.ErrPeerClosed
+	// ErrClosed: the queue pair was closed or disconnected locally.
+	ErrClosed = engine.ErrClosed
+	// ErrLinkLost: the TCP connection failed (reset, timeout).
+	ErrLinkLost = engine.ErrLinkLost
+	// ErrCQOverrun: completions were lost because a completion queue was
+	// full.
+	ErrCQOverrun = engine.ErrCQOverrun
+	// ErrBadState: Connect, Accept or a similar call on a queue pair in
+	// the wrong state (Connect on one already connected, say).
+	ErrBadState = engine.ErrBadState
+	// ErrBadConfig: NewQP was given an unusable QPConfig.
+	ErrBadConfig = engine.ErrBadConfig
+	// ErrRegionBusy: Deregister of a region that outstanding work uses.
+	ErrRegionBusy = mem.ErrBusy
+	// ErrNotRegistered: Deregister of a region that is not (or no
+	// longer) registered.
+	ErrNotRegistered = mem.ErrNotInTable
+	// ErrEmptyBuffer: Register of no memory.
+	ErrEmptyBuffer = mem.ErrEmpty
+	// ErrBadAccess: Register with access bits that are not Access rights.
+	ErrBadAccess = mem.ErrBadAccess
+	// ErrAddrWrap: RegisterBuffers with an Addr whose range passes 2^64.
+	ErrAddrWrap = mem.ErrAddrWrap
+	// ErrTableFull: every STag index of the device is in use.
+	ErrTableFull = mem.ErrTableFull
 )
+
+// TermError is the reason a Terminate carries (layer, error type and
+// code, RFC 5040 §7): a QP's Err wraps one after a Terminate either way,
+// and errors.Is matches it against the values of package wire (for
+// example wire.ErrDDPInvalidSTag).
+type TermError = wire.TermError
 
 // Device is a software RDMA device: the STag table its regions live in and
 // the protection domains that partition it.

@@ -14,11 +14,22 @@ import (
 
 // Connection setup errors.
 var (
-	ErrRejected        = cm.ErrRejected
-	ErrMarkers         = cm.ErrMarkers
-	ErrMPARevision     = cm.ErrRevision
-	ErrMPAProtocol     = cm.ErrProtocol
+	// ErrRejected: the peer rejected the connection (see RejectedError).
+	ErrRejected = cm.ErrRejected
+	// ErrMarkers: the peer asked for MPA markers, which gowarp lacks.
+	ErrMarkers = cm.ErrMarkers
+	// ErrMPARevision: an MPA revision other than 1 or 2 was asked for,
+	// or the peer answered with another revision than the one asked.
+	ErrMPARevision = cm.ErrRevision
+	// ErrMPAProtocol: the peer's MPA request or reply is malformed or out
+	// of turn.
+	ErrMPAProtocol = cm.ErrProtocol
+	// ErrPrivateDataLong: more private data than an MPA frame holds.
 	ErrPrivateDataLong = cm.ErrPrivateDataLong
+	// ErrInsufficientIRD: the peer's IRD/ORD cannot be met (RFC 6581's
+	// "insufficient IRD"): its ORD exceeds the most inbound Reads this
+	// side can take.
+	ErrInsufficientIRD = cm.ErrInsufficientIRD
 )
 
 // RejectedError is the error of a rejected Connect; it carries the peer's

@@ -38,7 +38,7 @@ func (o *ConnectOptions) cm() cm.Options {
 // (host:port): TCP, then MPA, then the QP is ready.
 func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 	if !q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting)) {
-		return fmt.Errorf("gowarp: Connect on a queue pair in state %s", q.State())
+		return fmt.Errorf("%w: Connect on a queue pair in state %s", ErrBadState, q.State())
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -60,7 +60,7 @@ func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 // queue pair, sending the MPA reply.
 func (q *QP) Accept(ctx context.Context, c net.Conn, req *cm.Request, o ConnectOptions) error {
 	if !q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting)) {
-		return fmt.Errorf("gowarp: Accept on a queue pair in state %s", q.State())
+		return fmt.Errorf("%w: Accept on a queue pair in state %s", ErrBadState, q.State())
 	}
 	r, err := req.Accept(ctx, o.cm())
 	if err != nil {

@@ -86,17 +86,18 @@ func checkShape(wr *SendWR) (int, error) {
 	default:
 		return 0, ErrBadOp
 	}
-	total := 0
+	// Summed in 64 bits: an int of 32 bits would wrap before 4 GiB.
+	var total uint64
 	for i := range wr.SGL {
 		if err := checkLocal(&wr.SGL[i], wr.Op == OpRead); err != nil {
 			return 0, err
 		}
-		total += wr.SGL[i].Length
+		total += uint64(wr.SGL[i].Length)
 	}
-	if uint64(total) > 1<<32-1 {
+	if total > 1<<32-1 {
 		return 0, ErrTooLong
 	}
-	return total, nil
+	return int(total), nil
 }
 
 // sendOpcode is the RDMAP opcode of a Send work request.

@@ -73,6 +73,8 @@ var (
 	ErrClosed         = errors.New("gowarp: queue pair closed")
 	ErrLinkLost       = errors.New("gowarp: connection lost")
 	ErrTooLong        = errors.New("gowarp: message longer than 4 GiB")
+	ErrBadState       = errors.New("gowarp: queue pair is in the wrong state for this call")
+	ErrBadConfig      = errors.New("gowarp: invalid queue pair configuration")
 )
 
 // Config fixes a queue pair's resources at creation.
@@ -205,10 +207,10 @@ type QP struct {
 // NewQP returns an idle queue pair.
 func NewQP(cfg Config) (*QP, error) {
 	if cfg.SendDepth < 1 || cfg.RecvDepth < 1 {
-		return nil, errors.New("gowarp: queue depths must be at least 1")
+		return nil, fmt.Errorf("%w: queue depths must be at least 1", ErrBadConfig)
 	}
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Table == nil {
-		return nil, errors.New("gowarp: queue pair needs completion queues and an STag table")
+		return nil, fmt.Errorf("%w: a queue pair needs completion queues and an STag table", ErrBadConfig)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -263,7 +265,7 @@ func (q *QP) Start(link Link, p Params) error {
 	s := q.State()
 	if s != StateIdle && s != StateConnecting {
 		q.mu.Unlock()
-		return fmt.Errorf("gowarp: cannot start a queue pair in state %s", s)
+		return fmt.Errorf("%w: cannot start a queue pair in state %s", ErrBadState, s)
 	}
 	p.IRD = roundQueue(p.IRD)
 	p.ORD = roundQueue(p.ORD)

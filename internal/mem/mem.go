@@ -83,6 +83,7 @@ var (
 	ErrTableFull  = errors.New("mem: STag table is full")
 	ErrNotInTable = errors.New("mem: region is not registered in this table")
 	ErrBadAccess  = errors.New("mem: invalid access flags")
+	ErrAddrWrap   = errors.New("mem: region wraps the address space")
 )
 
 // Region is registered memory: one or more buffers seen as one range of
@@ -256,7 +257,7 @@ func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*R
 		r.base = uint64(uintptr(unsafe.Pointer(&r.bufs[0][0])))
 	}
 	if r.base+r.length < r.base {
-		return nil, fmt.Errorf("mem: region at %#x of %d bytes wraps the address space", r.base, r.length)
+		return nil, fmt.Errorf("%w: %#x + %d bytes", ErrAddrWrap, r.base, r.length)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
