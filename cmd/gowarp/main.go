@@ -1,18 +1,31 @@
 // Command gowarp is the gowarp tool box.
 //
-//	gowarp perf [flags]   bandwidth and latency of RDMA Write, Read and Send vs plain TCP
+//	gowarp perf [flags]       bandwidth and latency of RDMA Write, Read and Send vs plain TCP
+//	gowarp ping [flags]       rping's protocol, as client or server
+//	gowarp perftest [flags]   perftest's -R exchange, against rdma-core's ib_* tools
+//	gowarp version            the module version and VCS revision it was built from
 //
-// Run "gowarp <command> -help" for a command's flags.
+// Run "gowarp <command> -h" for a command's flags. Exit status: 0 when the
+// command did its work, 1 when it failed, 2 for a usage error.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
+)
+
+// Exit statuses, the same for every command.
+const (
+	exitOK      = 0 // the command did its work (or -h printed its usage)
+	exitFailure = 1 // it ran and failed: a test, a connection, a mismatch
+	exitUsage   = 2 // bad flags or arguments: nothing was run
 )
 
 // command is one subcommand. run gets the arguments after the command's
@@ -40,18 +53,27 @@ func main() {
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr)
-		if len(args) == 0 {
-			return 2
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		usage(stderr)
+		return exitOK
+	case "help":
+		// "gowarp help perf" is "gowarp perf -h".
+		if len(args) == 1 {
+			usage(stderr)
+			return exitOK
 		}
-		return 0
+		args = []string{args[1], "-h"}
 	}
 	c, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "gowarp: unknown command %q\n", args[0])
 		usage(stderr)
-		return 2
+		return exitUsage
 	}
 	return c.run(ctx, args[1:], stdout, stderr)
 }
@@ -64,7 +86,39 @@ func usage(w io.Writer) {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nRun \"gowarp <command> -help\" for a command's flags.")
+	fmt.Fprint(w, `
+Run "gowarp <command> -h" (or "gowarp help <command>") for a command's flags.
+
+exit status:
+  0  the command did its work (and -h)
+  1  it ran and failed: a test, a connection, a data mismatch
+  2  usage error: unknown command, bad flag or argument; nothing was run
+`)
+}
+
+// printFlags writes every flag of fs with its default, unlike
+// flag.PrintDefaults, which leaves out zero defaults (false, 0, "") and so
+// hides what a flag does when it is not given.
+func printFlags(fs *flag.FlagSet) {
+	w := fs.Output()
+	fs.VisitAll(func(f *flag.Flag) {
+		name, help := flag.UnquoteUsage(f)
+		line := "  -" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		help = strings.ReplaceAll(help, "\n", "\n    \t")
+		fmt.Fprintf(w, "%s\n    \t%s", line, help)
+		// A Func flag has no default value of its own; its usage says it.
+		if !strings.Contains(help, "default") {
+			def := f.DefValue
+			if def == "" {
+				def = `""`
+			}
+			fmt.Fprintf(w, " (default %s)", def)
+		}
+		fmt.Fprintln(w)
+	})
 }

@@ -66,9 +66,9 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), perfUsage)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
-	fs.Var(&c.tests, "test", "test `NAME` to run; repeat or separate with commas; all for every test")
+	fs.Var(&c.tests, "test", "test `NAME` to run; repeat or separate with commas; all for every test (default: the eight above)")
 	fs.Var(&c.size, "size", "message size in `bytes` (K and M suffixes allowed; default 64K for bandwidth, 8 for latency)")
 	fs.BoolVar(&c.sweep, "sweep", false, "run every size from 2 B to 1 MiB in powers of two")
 	fs.DurationVar(&c.duration, "duration", time.Second, "length of each run (200ms per size with -sweep unless given)")

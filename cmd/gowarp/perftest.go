@@ -45,7 +45,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), perftestUsage)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	var o perftest.Options
 	test := fs.String("test", "", "`test`: write_bw, read_bw or send_bw (or the first argument)")

@@ -43,7 +43,7 @@ func pingFlags(stderr io.Writer) (*flag.FlagSet, *pingConfig) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), pingUsage)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	fs.BoolVar(&c.server, "s", false, "server side")
 	fs.BoolVar(&c.client, "c", false, "client side")
