@@ -2,8 +2,10 @@ package gowarp_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -79,4 +81,54 @@ func Example_tour() {
 	// completed send 3 5 bytes
 	// read back "written with RDMA WRITE"
 	// server received 5 bytes
+}
+
+// ExampleMR_WaitPlaced waits, without polling, for a peer's RDMA Write to
+// land: the one-sided way to receive, with no receive posted and no
+// completion on this side.
+func ExampleMR_WaitPlaced() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dev := gowarp.Open()
+	pd := dev.AllocPD()
+	ln, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+
+	// The server exposes a buffer and tells the client where it is.
+	inbox := make([]byte, 64)
+	inboxMR, _ := pd.Register(inbox, gowarp.RemoteWrite)
+	srvCQ := dev.NewCQ(8)
+	srv, _ := pd.NewQP(gowarp.QPConfig{SendCQ: srvCQ, RecvCQ: srvCQ})
+	defer srv.Close()
+	where := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(nil, uint32(inboxMR.STag())), inboxMR.Addr())
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		req.Accept(ctx, srv, gowarp.ConnectOptions{PrivateData: where})
+	}()
+
+	// The client writes into it.
+	cq := dev.NewCQ(8)
+	qp, _ := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+	defer qp.Close()
+	if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	pdata := qp.PeerPrivateData()
+	msg := []byte("hello, one-sided")
+	mr, _ := pd.Register(msg, 0)
+	want := inboxMR.Placed() + uint64(len(msg)) // Placed counts from registration on
+	qp.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: len(msg)}},
+		RKey: binary.BigEndian.Uint32(pdata), RemoteAddr: binary.BigEndian.Uint64(pdata[4:])})
+
+	if err := inboxMR.WaitPlaced(ctx, want); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s\n", inbox[:len(msg)])
+	// Output: hello, one-sided
 }

@@ -36,6 +36,16 @@ import (
 
 // MR is a registered memory region. Its STag is both the local key in
 // SGEs (through the *MR itself) and the remote key peers use.
+//
+// Placed counts the bytes peers have placed into the region (RDMA Writes
+// and Read Responses) since registration, and
+//
+//	func (r *MR) WaitPlaced(ctx context.Context, n uint64) error
+//
+// waits, without polling, until Placed reaches n: the way to receive a
+// one-sided Write (see the example). It returns ctx.Err() when ctx ends
+// first and ErrRegionInvalid when the region is deregistered or
+// invalidated meanwhile.
 type MR = mem.Region
 
 // STag is a steering tag: a 24-bit index and an 8-bit key.
@@ -168,6 +178,9 @@ var (
 	ErrBadAccess = mem.ErrBadAccess
 	// ErrAddrWrap: RegisterBuffers with an Addr whose range passes 2^64.
 	ErrAddrWrap = mem.ErrAddrWrap
+	// ErrRegionInvalid: MR.WaitPlaced on a region deregistered or
+	// invalidated (by a peer's Send with Invalidate) before the bytes came.
+	ErrRegionInvalid = mem.ErrInvalid
 	// ErrTableFull: every STag index of the device is in use.
 	ErrTableFull = mem.ErrTableFull
 )

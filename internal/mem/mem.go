@@ -8,8 +8,10 @@
 package mem
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -84,6 +86,7 @@ var (
 	ErrNotInTable = errors.New("mem: region is not registered in this table")
 	ErrBadAccess  = errors.New("mem: invalid access flags")
 	ErrAddrWrap   = errors.New("mem: region wraps the address space")
+	ErrInvalid    = errors.New("mem: region is no longer valid")
 )
 
 // Region is registered memory: one or more buffers seen as one range of
@@ -103,6 +106,19 @@ type Region struct {
 	valid  atomic.Bool
 	refs   atomic.Int64  // outstanding local work requests and placements
 	placed atomic.Uint64 // bytes placed into the region by peers
+
+	// WaitPlaced's waiters; nwait counts them so that AddPlaced, on the
+	// receive path, takes no lock while nobody waits.
+	nwait   atomic.Int32
+	wmu     sync.Mutex
+	waiters []*placedWaiter
+}
+
+// placedWaiter is one WaitPlaced call: ch is closed once placed reaches n
+// or the region becomes invalid.
+type placedWaiter struct {
+	n  uint64
+	ch chan struct{}
 }
 
 // STag returns the region's steering tag (the rkey/lkey of libibverbs).
@@ -141,7 +157,79 @@ func (r *Region) Valid() bool { return r.valid.Load() }
 func (r *Region) Placed() uint64 { return r.placed.Load() }
 
 // AddPlaced records n bytes placed by a peer.
-func (r *Region) AddPlaced(n int) { r.placed.Add(uint64(n)) }
+func (r *Region) AddPlaced(n int) {
+	v := r.placed.Add(uint64(n))
+	// Sequentially consistent with WaitPlaced's nwait.Add then placed.Load:
+	// either this sees the waiter, or the waiter sees v.
+	if r.nwait.Load() > 0 {
+		r.wake(v, r.valid.Load())
+	}
+}
+
+// WaitPlaced blocks until peers have placed at least n bytes into the
+// region in all (Placed() >= n), or ctx is done. Placed counts from
+// registration on, so to wait for the next k bytes pass Placed()+k, read
+// before the peer is told to write. It returns nil once the bytes are in
+// memory and may be read; ctx.Err() when ctx ends first; ErrInvalid
+// (gowarp.ErrRegionInvalid) when the region is deregistered or invalidated before, since nothing
+// more can be placed then.
+//
+// The goroutine that places the bytes wakes the waiter: no goroutine is
+// started and nothing polls. A wait that cannot return at once costs one
+// small allocation; any number of goroutines may wait.
+func (r *Region) WaitPlaced(ctx context.Context, n uint64) error {
+	if r.placed.Load() >= n {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w := &placedWaiter{n: n, ch: make(chan struct{})}
+	r.wmu.Lock()
+	r.waiters = append(r.waiters, w)
+	r.nwait.Add(1)
+	r.wmu.Unlock()
+	// Placements (or an invalidation) between the first look and the
+	// registration woke nobody: look again.
+	if v := r.placed.Load(); v >= n || !r.valid.Load() {
+		r.wake(v, r.valid.Load())
+	}
+	select {
+	case <-w.ch:
+	case <-ctx.Done():
+		r.wmu.Lock()
+		if i := slices.Index(r.waiters, w); i >= 0 {
+			r.waiters = slices.Delete(r.waiters, i, i+1)
+			r.nwait.Add(-1)
+		}
+		r.wmu.Unlock()
+	}
+	switch {
+	case r.placed.Load() >= n:
+		return nil
+	case !r.valid.Load():
+		return ErrInvalid
+	}
+	return ctx.Err()
+}
+
+// wake releases the waiters whose count v reaches, or all of them when the
+// region is no longer valid.
+func (r *Region) wake(v uint64, valid bool) {
+	r.wmu.Lock()
+	ws := r.waiters[:0]
+	for _, w := range r.waiters {
+		if w.n <= v || !valid {
+			close(w.ch)
+		} else {
+			ws = append(ws, w)
+		}
+	}
+	clear(r.waiters[len(ws):])
+	r.waiters = ws
+	r.nwait.Store(int32(len(ws)))
+	r.wmu.Unlock()
+}
 
 // Acquire marks the region in use by one more work request or placement.
 func (r *Region) Acquire() { r.refs.Add(1) }
@@ -289,6 +377,7 @@ func (t *Table) Deregister(r *Region) error {
 	}
 	r.valid.Store(false)
 	delete(t.regions, r.stag.Index())
+	r.wake(r.placed.Load(), false)
 	return nil
 }
 
@@ -319,6 +408,7 @@ func (t *Table) Invalidate(pd uint32, s STag) Reason {
 		return AccessRights
 	}
 	r.valid.Store(false)
+	r.wake(r.placed.Load(), false)
 	return OK
 }
 
