@@ -175,6 +175,11 @@ type QP struct {
 
 	termPending *wire.Terminate
 	termScratch [64]byte
+	// termDone is made when a Terminate is queued and closed once it has
+	// been written, or given up on (link lost, or termTimeout passed):
+	// until then Close leaves the socket open.
+	termDone chan struct{}
+	termOnce sync.Once
 
 	// Transmit role: held by one goroutine at a time.
 	txBusy   bool
@@ -581,9 +586,18 @@ func (q *QP) Disconnect(ctx context.Context) error {
 }
 
 // Close tears the queue pair down at once, flushing all outstanding work,
-// and waits for its goroutines to stop.
+// and waits for its goroutines to stop. If the queue pair is sending a
+// Terminate (it found an error in the peer's input), Close first lets the
+// Terminate reach the socket, so the peer learns why: that waits at most
+// termTimeout (1 s) from the error, for a peer that does not read.
 func (q *QP) Close() error {
 	q.fail(ErrClosed)
+	q.mu.Lock()
+	term := q.termDone
+	q.mu.Unlock()
+	if term != nil {
+		<-term
+	}
 	q.closing.Do(func() {
 		close(q.done)
 		q.cfg.SendCQ.detach(q)
@@ -621,14 +635,19 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 	if term != nil && wasReady {
 		t := wire.NewTerminate(term, head, ulen, q.termScratch[:0])
 		q.termPending = &t
+		q.termDone = make(chan struct{})
 		q.log.Debug("gowarp: sending Terminate", "err", term)
 		if !q.txBusy {
 			q.txBusy = true
 			q.handTxLocked()
-		}
+		} // else the holder of the transmit role frames it after its batch
 		q.mu.Unlock()
-		// A peer that does not read must not keep the connection open.
-		time.AfterFunc(termTimeout, func() { q.link.Close() })
+		// A peer that does not read must not keep the connection open, nor
+		// Close waiting.
+		time.AfterFunc(termTimeout, func() {
+			q.link.Close()
+			q.termOver()
+		})
 		return
 	}
 	q.mu.Unlock()
@@ -638,8 +657,13 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 	}
 }
 
-// termTimeout bounds how long a Terminate may take to leave.
+// termTimeout bounds how long a Terminate may take to leave, and so how
+// long Close waits for it: long enough for a busy peer's TCP to open its
+// window, short enough that a peer that stopped reading holds no one up.
 const termTimeout = time.Second
+
+// termOver records that the pending Terminate was written or given up on.
+func (q *QP) termOver() { q.termOnce.Do(func() { close(q.termDone) }) }
 
 // flushLocked completes every outstanding work request: those with a
 // status of their own get it, the rest WRFlushError.

@@ -115,6 +115,7 @@ func (q *QP) transmit(block bool) {
 				q.txBusy = false
 				q.mu.Unlock()
 				q.link.Close()
+				q.termOver()
 				return
 			}
 			t.build()
@@ -144,6 +145,14 @@ func (q *QP) transmit(block bool) {
 			q.txBusy = false
 			q.mu.Unlock()
 			q.fail(fmt.Errorf("%w: %w", ErrLinkLost, err))
+			q.mu.Lock()
+			// A Terminate queued meanwhile cannot leave any more.
+			q.termPending = nil
+			term := q.termDone != nil
+			q.mu.Unlock()
+			if term {
+				q.termOver()
+			}
 			return
 		}
 		t.advance(n)
