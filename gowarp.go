@@ -141,6 +141,9 @@ var (
 	ErrTooManySGE = engine.ErrTooManySGE
 	// ErrBadOp: a send work request's Op is not one of the Op constants.
 	ErrBadOp = engine.ErrBadOp
+	// ErrZeroORD: an RDMA Read posted on a connection whose ORD is 0
+	// (NoReads asked for, or the peer's IRD is 0).
+	ErrZeroORD = engine.ErrZeroORD
 	// ErrTooLong: a work request's SGEs add up to 4 GiB or more, more
 	// than one RDMAP message can carry.
 	ErrTooLong = engine.ErrTooLong

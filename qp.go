@@ -28,7 +28,8 @@ var (
 	ErrPrivateDataLong = cm.ErrPrivateDataLong
 	// ErrInsufficientIRD: the peer's IRD/ORD cannot be met (RFC 6581's
 	// "insufficient IRD"): its ORD exceeds the most inbound Reads this
-	// side can take.
+	// side can take, or this side asked for IRD NoReads and the
+	// responder still wants to read.
 	ErrInsufficientIRD = cm.ErrInsufficientIRD
 )
 
@@ -43,6 +44,17 @@ type QP = engine.QP
 
 // ConnectOptions tune connection setup, on either side.
 type ConnectOptions = engine.ConnectOptions
+
+// NoReads as ConnectOptions.IRD or ORD asks for none, which the zero value
+// cannot say (it means the default, 16): IRD 0 serves no RDMA Reads from
+// the peer, ORD 0 issues none, as perftest's and most rdma_cm clients
+// that do not read ask. MPA revision 2 carries the 0 to the peer (RFC
+// 6581); on an ORD 0 connection PostSend refuses a Read with ErrZeroORD,
+// and a peer's Read Request arriving at IRD 0 is answered with a
+// Terminate (RDMAP remote operation error, wire.ErrRDMAPStream). A peer
+// whose reply asks to read from a connection that said IRD NoReads fails
+// Connect with ErrInsufficientIRD. QP.Params reports what was settled.
+const NoReads = engine.NoReads
 
 // QPConfig sizes a queue pair.
 type QPConfig struct {
@@ -171,6 +183,18 @@ type ConnRequest struct {
 
 // PrivateData returns the private data the connecting peer sent.
 func (r *ConnRequest) PrivateData() []byte { return r.req.PrivateData() }
+
+// ReadLimits returns the IRD and ORD the connecting peer asked for in its
+// MPA revision 2 request (rdma_cm's responder_resources and
+// initiator_depth); ok is false for a revision 1 request, which carries
+// none.
+func (r *ConnRequest) ReadLimits() (ird, ord int, ok bool) {
+	f := &r.req.Frame
+	if f.Revision != 2 || !f.Enhanced {
+		return 0, 0, false
+	}
+	return int(f.IRD), int(f.ORD), true
+}
 
 // RemoteAddr returns the connecting peer's address.
 func (r *ConnRequest) RemoteAddr() net.Addr { return r.c.RemoteAddr() }

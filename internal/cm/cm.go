@@ -42,7 +42,9 @@ const MaxIRDORD = 128
 type Options struct {
 	Revision    int  // 1 or 2 (default 2)
 	CRC         bool // ask for CRC; the peer may ask too, then it is on
-	IRD, ORD    int  // inbound and outbound Read limits (default 16)
+	// IRD and ORD are the inbound and outbound Read limits: 0 for the
+	// default 16, negative for none (RFC 6581 IRD/ORD 0).
+	IRD, ORD    int
 	PrivateData []byte
 	// NoP2P keeps an initiator from offering peer-to-peer mode: without
 	// it the initiator must send the first FPDU, as rping and perftest do.
@@ -61,6 +63,10 @@ func (o *Options) defaults() {
 	}
 	o.IRD, o.ORD = min(o.IRD, MaxIRDORD), min(o.ORD, MaxIRDORD)
 }
+
+// ird and ord are the limits as numbers, none being 0.
+func (o *Options) ird() int { return max(o.IRD, 0) }
+func (o *Options) ord() int { return max(o.ORD, 0) }
 
 func (o *Options) check() error {
 	if o.Revision != 1 && o.Revision != 2 {
@@ -146,9 +152,13 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
 	if o.Revision == 2 {
 		req.Enhanced = true
-		req.IRD, req.ORD = uint16(o.IRD), uint16(o.ORD)
+		req.IRD, req.ORD = uint16(o.ird()), uint16(o.ord())
 		if !o.NoP2P {
-			req.P2P, req.RTR = true, wire.RTRWrite|wire.RTRRead
+			req.P2P, req.RTR = true, wire.RTRWrite
+			if o.ord() > 0 {
+				// A Read RTR is a zero-length Read: it needs an ORQ slot.
+				req.RTR |= wire.RTRRead
+			}
 		}
 	}
 	if err := writeFrame(c, &req); err != nil {
@@ -170,20 +180,24 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 	case o.Revision == 2 && !rep.Enhanced:
 		return Result{}, fmt.Errorf("%w: revision 2 reply without IRD/ORD", ErrProtocol)
 	}
-	r := Result{Revision: o.Revision, CRC: o.CRC || rep.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: rep.PrivateData}
+	r := Result{Revision: o.Revision, CRC: o.CRC || rep.CRC, IRD: o.ird(), ORD: o.ord(), PrivateData: rep.PrivateData}
 	if rep.Enhanced {
 		// The responder's ORD is how many Reads it may send us: our IRD
-		// must cover it. Its IRD caps our ORD.
-		if int(rep.ORD) > MaxIRDORD {
+		// must cover it, lifted if need be (siw's relaxed rule), unless
+		// we asked for none. Its IRD caps our ORD.
+		switch {
+		case int(rep.ORD) > MaxIRDORD:
 			return Result{}, fmt.Errorf("%w: responder ORD %d exceeds %d", ErrInsufficientIRD, rep.ORD, MaxIRDORD)
+		case o.IRD < 0 && rep.ORD > 0:
+			return Result{}, fmt.Errorf("%w: responder ORD %d, and we take no Reads (IRD 0)", ErrInsufficientIRD, rep.ORD)
 		}
 		r.IRD = max(r.IRD, int(rep.ORD))
 		r.ORD = min(r.ORD, int(rep.IRD))
 		if req.P2P && rep.P2P {
 			switch {
-			case rep.RTR&wire.RTRWrite != 0:
+			case rep.RTR&req.RTR&wire.RTRWrite != 0:
 				r.SendRTR = wire.RTRWrite
-			case rep.RTR&wire.RTRRead != 0:
+			case rep.RTR&req.RTR&wire.RTRRead != 0 && r.ORD > 0:
 				r.SendRTR = wire.RTRRead
 			default:
 				return Result{}, fmt.Errorf("%w: peer-to-peer reply chose no RTR we offered (%v)", ErrProtocol, rep.RTR)
@@ -235,20 +249,24 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	}
 	defer deadline(ctx, r.c)()
 	f := &r.Frame
-	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.IRD, ORD: o.ORD, HoldTx: true, PrivateData: f.PrivateData}
+	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.ird(), ORD: o.ord(), HoldTx: true, PrivateData: f.PrivateData}
 	rep := wire.MPAFrame{Reply: true, CRC: res.CRC, Revision: f.Revision, PrivateData: o.PrivateData}
 	if f.Enhanced && f.Revision == 2 {
 		// siw's relaxed rule: our ORD is capped by the initiator's IRD, and
-		// our IRD lifted to its ORD.
+		// our IRD lifted to its ORD, unless we take no Reads at all: then
+		// the reply's IRD 0 caps the initiator's ORD (RFC 6581), and a
+		// Read it sends anyway meets a Terminate.
 		res.ORD = min(res.ORD, int(f.IRD))
-		res.IRD = min(max(res.IRD, int(f.ORD)), MaxIRDORD)
+		if o.IRD >= 0 {
+			res.IRD = min(max(res.IRD, int(f.ORD)), MaxIRDORD)
+		}
 		rep.Enhanced = true
 		rep.IRD, rep.ORD = uint16(res.IRD), uint16(res.ORD)
 		if f.P2P {
 			switch {
 			case f.RTR&wire.RTRWrite != 0:
 				rep.P2P, rep.RTR = true, wire.RTRWrite
-			case f.RTR&wire.RTRRead != 0:
+			case f.RTR&wire.RTRRead != 0 && res.IRD > 0: // the RTR's Read takes an IRQ slot
 				rep.P2P, rep.RTR = true, wire.RTRRead
 			}
 		}

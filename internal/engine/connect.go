@@ -17,8 +17,13 @@ type ConnectOptions struct {
 	CRC bool
 	// MPARevision is 1 or 2 (default 2, with IRD/ORD negotiation).
 	MPARevision int
-	// IRD and ORD bound inbound and outbound RDMA Reads in flight
-	// (default 16, at most 128).
+	// IRD and ORD bound inbound and outbound RDMA Reads in flight: 0
+	// means the default 16, NoReads (any negative value) none, and at
+	// most 128 are allowed. The peer's wishes adjust them (RFC 6581): our
+	// ORD is capped by the peer's IRD, and our IRD lifted to the peer's
+	// ORD unless it is NoReads; Params reports the outcome. With ORD 0
+	// PostSend refuses Reads (ErrZeroORD); with IRD 0 a peer's Read
+	// Request is answered with a Terminate.
 	IRD, ORD int
 	// NoP2P keeps Connect from asking for peer-to-peer mode; the
 	// connecting side must then send the first message, as with rping.
@@ -29,6 +34,12 @@ type ConnectOptions struct {
 	// TCP segment, as siw does.
 	MaxFPDU int
 }
+
+// NoReads as ConnectOptions.IRD or ORD asks for none: IRD 0 serves no
+// RDMA Reads from the peer, ORD 0 issues none (as perftest and rdma_cm
+// clients that do not read ask). It is negative so that the zero value
+// of ConnectOptions keeps meaning the defaults.
+const NoReads = -1
 
 func (o *ConnectOptions) cm() cm.Options {
 	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P}

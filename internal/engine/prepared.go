@@ -209,6 +209,9 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 	}
 	for i := range n {
 		e, err := q.sqSlotLocked()
+		if err == nil && p.s.wr.Op == OpRead && len(q.orq) == 0 {
+			err = ErrZeroORD
+		}
 		if err != nil {
 			if i > 0 {
 				q.kickLocked()

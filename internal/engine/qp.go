@@ -75,6 +75,7 @@ var (
 	ErrTooLong        = errors.New("gowarp: message longer than 4 GiB")
 	ErrBadState       = errors.New("gowarp: queue pair is in the wrong state for this call")
 	ErrBadConfig      = errors.New("gowarp: invalid queue pair configuration")
+	ErrZeroORD        = errors.New("gowarp: RDMA Read on a connection whose ORD is 0")
 )
 
 // Config fixes a queue pair's resources at creation.
@@ -93,7 +94,8 @@ type Config struct {
 // Params are what MPA negotiation settled.
 type Params struct {
 	CRC bool
-	// IRD is how many inbound Reads may be outstanding, ORD outbound.
+	// IRD is how many inbound Reads may be outstanding, ORD outbound;
+	// 0 allows none.
 	IRD, ORD int
 	// SendRTR is the ready-to-receive message this side (the initiator in
 	// peer-to-peer mode) sends first; zero for none.
@@ -272,8 +274,8 @@ func (q *QP) Start(link Link, p Params) error {
 		q.mu.Unlock()
 		return fmt.Errorf("%w: cannot start a queue pair in state %s", ErrBadState, s)
 	}
-	p.IRD = roundQueue(p.IRD)
-	p.ORD = roundQueue(p.ORD)
+	p.IRD = min(max(p.IRD, 0), 128)
+	p.ORD = min(max(p.ORD, 0), 128)
 	q.params = p
 	q.link = link
 	q.orq = make([]orqEntry, p.ORD)
@@ -293,9 +295,6 @@ func (q *QP) Start(link Link, p Params) error {
 	}
 	return nil
 }
-
-// roundQueue sizes an IRQ or ORQ: at least one slot, at most 128.
-func roundQueue(n int) int { return max(1, min(n, 128)) }
 
 // PostSend queues a send-queue work request.
 func (q *QP) PostSend(wr *SendWR) error {
@@ -335,6 +334,9 @@ func (q *QP) postSendLocked(wr *SendWR) error {
 	e, err := q.sqSlotLocked()
 	if err != nil {
 		return err
+	}
+	if wr.Op == OpRead && len(q.orq) == 0 {
+		return ErrZeroORD
 	}
 	e.wr, e.length, e.tmpl = *wr, sh.length, sh.tmpl
 	e.wr.SGL = nil

@@ -21,6 +21,9 @@ import (
 // sent, in order.
 type captured struct {
 	client, server [][]byte
+	// The IRD/ORD of the MPA request and reply of the control [0] and
+	// data [1] connections.
+	req, rep [2]wire.MPAFrame
 }
 
 func sends(t *testing.T, b []byte) [][]byte {
@@ -58,7 +61,33 @@ func loadCapture(t *testing.T, test Test) captured {
 	if len(conns) != 2 {
 		t.Fatalf("%d connections in the capture, want control and data", len(conns))
 	}
-	return captured{client: sends(t, conns[0].Initiator), server: sends(t, conns[0].Responder)}
+	c := captured{client: sends(t, conns[0].Initiator), server: sends(t, conns[0].Responder)}
+	for i := range 2 {
+		if c.req[i], _, err = wire.ParseMPAFrame(conns[i].Initiator); err != nil {
+			t.Fatal(err)
+		}
+		if c.rep[i], _, err = wire.ParseMPAFrame(conns[i].Responder); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// answer checks that a connection request asks for the IRD/ORD siw's
+// perftest client asked for on connection i, and returns the options that
+// reply with what siw's server replied.
+func (c *captured) answer(req *gowarp.ConnRequest, i int) (gowarp.ConnectOptions, error) {
+	ird, ord, ok := req.ReadLimits()
+	if want := c.req[i]; !ok || ird != int(want.IRD) || ord != int(want.ORD) {
+		return gowarp.ConnectOptions{}, fmt.Errorf("connection %d asks for IRD/ORD %d/%d (rev 2: %v); perftest asks %d/%d", i, ird, ord, ok, want.IRD, want.ORD)
+	}
+	limit := func(v uint16) int {
+		if v == 0 {
+			return gowarp.NoReads
+		}
+		return int(v)
+	}
+	return gowarp.ConnectOptions{IRD: limit(c.rep[i].IRD), ORD: limit(c.rep[i].ORD)}, nil
 }
 
 // The captures are of ib_*_bw -R -F -n 5 -s 4096.
@@ -136,7 +165,12 @@ func (f *fakeServer) run(ctx context.Context) error {
 	if err := post(); err != nil {
 		return err
 	}
-	if err := req.Accept(ctx, qp, gowarp.ConnectOptions{}); err != nil {
+	co, err := f.cap.answer(req, 0)
+	if err != nil {
+		req.Reject(nil)
+		return err
+	}
+	if err := req.Accept(ctx, qp, co); err != nil {
 		return err
 	}
 	buf, _ := pd.Register(bytes.Repeat([]byte("perftest"), capSize/8), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite)
@@ -223,7 +257,12 @@ func (f *fakeServer) data(ctx context.Context, pd *gowarp.PD, buf *gowarp.MR) er
 			}
 		}
 	}
-	if err := req.Accept(ctx, qp, gowarp.ConnectOptions{}); err != nil {
+	co, err := f.cap.answer(req, 1)
+	if err != nil {
+		req.Reject(nil)
+		return err
+	}
+	if err := req.Accept(ctx, qp, co); err != nil {
 		return err
 	}
 	cd := <-f.clientDest

@@ -272,7 +272,9 @@ func dialControl(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o Optio
 		return nil, err
 	}
 	co := o.Connect
-	co.IRD, co.ORD = 1, 1
+	// perftest asks rdma_cm for no Reads on the control connection: MPA
+	// IRD/ORD 0/0 (wire/testdata/siw/perftest-*.pcap).
+	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
 	if err := c.qp.Connect(ctx, o.Addr, co); err != nil {
 		return nil, err
 	}
@@ -345,7 +347,8 @@ func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o Options,
 		return nil, err
 	}
 	co := o.Connect
-	co.IRD, co.ORD = 1, 1
+	// As perftest: out_reads for read_bw, 0/0 otherwise (the captures).
+	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
 	if o.Test == ReadBW {
 		co.IRD, co.ORD = MaxOutReads, MaxOutReads
 	}
