@@ -1,0 +1,121 @@
+package rpc
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// heap is a client's session heap: one allocation from which buffers are
+// lent, first fit over a sorted free list. It is not registered as a
+// whole: a call registers just the spans it lends.
+type heap struct {
+	mu   sync.Mutex
+	mem  []byte
+	free []extent // sorted by offset, coalesced
+}
+
+type extent struct{ off, n int }
+
+const heapAlign = 64
+
+func (h *heap) init(size int) {
+	h.mem = make([]byte, size)
+	h.free = []extent{{0, size}}
+}
+
+func (h *heap) alloc(n int) (int, bool) {
+	n = (n + heapAlign - 1) &^ (heapAlign - 1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, e := range h.free {
+		if e.n >= n {
+			if e.n == n {
+				h.free = append(h.free[:i], h.free[i+1:]...)
+			} else {
+				h.free[i] = extent{e.off + n, e.n - n}
+			}
+			return e.off, true
+		}
+	}
+	return 0, false
+}
+
+func (h *heap) release(off, n int) {
+	n = (n + heapAlign - 1) &^ (heapAlign - 1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	i := sort.Search(len(h.free), func(i int) bool { return h.free[i].off > off })
+	h.free = append(h.free, extent{})
+	copy(h.free[i+1:], h.free[i:])
+	h.free[i] = extent{off, n}
+	// Coalesce with the next, then the previous.
+	if i+1 < len(h.free) && h.free[i].off+h.free[i].n == h.free[i+1].off {
+		h.free[i].n += h.free[i+1].n
+		h.free = append(h.free[:i+1], h.free[i+2:]...)
+	}
+	if i > 0 && h.free[i-1].off+h.free[i-1].n == h.free[i].off {
+		h.free[i-1].n += h.free[i].n
+		h.free = append(h.free[:i], h.free[i+1:]...)
+	}
+}
+
+// Buffer is memory of a client's session heap, to be lent to calls by
+// reference (Span). Write the argument into Bytes before the call; read
+// what a server wrote into a writable span after it.
+type Buffer struct {
+	c     *Client
+	off   int
+	data  []byte
+	freed atomic.Bool
+}
+
+// Alloc lends n bytes of the session heap.
+func (c *Client) Alloc(n int) (*Buffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("rpc: alloc of %d bytes", n)
+	}
+	off, ok := c.heap.alloc(n)
+	if !ok {
+		return nil, fmt.Errorf("rpc: session heap of %d bytes has no room for %d", len(c.heap.mem), n)
+	}
+	return &Buffer{c: c, off: off, data: c.heap.mem[off : off+n : off+n]}, nil
+}
+
+// Bytes returns the buffer's memory.
+func (b *Buffer) Bytes() []byte { return b.data }
+
+// Free returns the buffer to the heap. Calls that lent it have revoked
+// their windows before they returned, so no peer can reach it any more.
+func (b *Buffer) Free() {
+	if b.freed.Swap(true) {
+		return
+	}
+	b.c.heap.release(b.off, len(b.data))
+}
+
+// Span is part of a Buffer lent to one call: read-only unless made
+// Writable.
+type Span struct {
+	buf    *Buffer
+	off, n int
+	write  bool
+}
+
+// Span returns bytes [off, off+n) of the buffer, read-only.
+func (b *Buffer) Span(off, n int) Span {
+	if off < 0 || n < 0 || off+n > len(b.data) {
+		panic(fmt.Sprintf("rpc: span [%d, %d) of a %d-byte buffer", off, off+n, len(b.data)))
+	}
+	return Span{buf: b, off: off, n: n}
+}
+
+// All returns the whole buffer as a read-only span.
+func (b *Buffer) All() Span { return Span{buf: b, n: len(b.data)} }
+
+// Writable returns the span with the server allowed to write it too.
+func (s Span) Writable() Span { s.write = true; return s }
+
+// Len returns the span's length.
+func (s Span) Len() int { return s.n }

@@ -1,0 +1,413 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+
+	"github.com/gowarp/gowarp"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// pair starts a server with the test methods and dials a session to it.
+func pair(t testing.TB, o Options) (*Server, *Client, string) {
+	t.Helper()
+	o.Logger = quiet
+	dev := gowarp.Open(gowarp.WithLogger(quiet))
+	ln, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(dev, o)
+	registerTest(srv)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(ctx, ln)
+	}()
+	cl, err := Dial(context.Background(), dev, ln.Addr().String(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cl.Close()
+		cancel()
+		ln.Close()
+		<-served
+		srv.Close()
+	})
+	return srv, cl, ln.Addr().String()
+}
+
+// gate lets a test hold handlers until it says so.
+var gate = struct {
+	sync.Mutex
+	ch map[string]chan struct{}
+}{ch: map[string]chan struct{}{}}
+
+func registerTest(srv *Server) {
+	srv.RegisterFunc("echo", func(ctx context.Context, arg []byte) ([]byte, error) { return arg, nil })
+	srv.RegisterNonBlocking("echo.fast", func(ctx context.Context, c *ServerCall) error { return c.Reply(c.Arg()) })
+	srv.RegisterFunc("fail", func(ctx context.Context, arg []byte) ([]byte, error) {
+		return nil, fmt.Errorf("no luck with %q", arg)
+	})
+	srv.Register("panic", func(ctx context.Context, c *ServerCall) error { panic("boom") })
+	// wait blocks until its context ends and says why.
+	srv.Register("wait", func(ctx context.Context, c *ServerCall) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	// sum adds every byte of reference 0, reading in 4 KiB steps of the
+	// fraction (in percent) the argument's first byte says.
+	srv.Register("sum", func(ctx context.Context, c *ServerCall) error {
+		r, err := c.Ref(0)
+		if err != nil {
+			return err
+		}
+		pct := int64(100)
+		if len(c.Arg()) > 0 {
+			pct = int64(c.Arg()[0])
+		}
+		end := r.Len() * pct / 100
+		var buf [4096]byte
+		var sum uint64
+		for off := int64(0); off < end; {
+			n, err := r.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
+			for _, b := range buf[:n] {
+				sum += uint64(b)
+			}
+			off += int64(n)
+			if err != nil && err != io.EOF {
+				return err
+			}
+		}
+		return c.Reply(fmt.Appendf(nil, "%d", sum))
+	})
+	// upper writes reference 0's bytes, upper-cased, into reference 1.
+	srv.Register("upper", func(ctx context.Context, c *ServerCall) error {
+		in, err := c.Ref(0)
+		if err != nil {
+			return err
+		}
+		out, err := c.Ref(1)
+		if err != nil {
+			return err
+		}
+		b := make([]byte, in.Len())
+		if _, err := in.ReadAt(b, 0); err != nil {
+			return err
+		}
+		if _, err := out.WriteAt(bytes.ToUpper(b), 0); err != nil {
+			return err
+		}
+		return nil
+	})
+	// keep remembers its reference for "later" to use after the call.
+	srv.Register("keep", func(ctx context.Context, c *ServerCall) error {
+		r, err := c.Ref(0)
+		if err != nil {
+			return err
+		}
+		kept.Lock()
+		kept.ref, kept.h = r, r.Handle()
+		kept.Unlock()
+		return nil
+	})
+	srv.Register("later", func(ctx context.Context, c *ServerCall) error {
+		kept.Lock()
+		r, h := kept.ref, kept.h
+		kept.Unlock()
+		var b [1]byte
+		if _, err := r.ReadAt(b[:], 0); err == nil {
+			return errors.New("a reference of an ended call still reads")
+		} else if !errors.Is(err, ErrHandleExpired) {
+			return fmt.Errorf("stale Ref: %w", err)
+		}
+		_, err := c.Open(h)
+		return err
+	})
+	// open opens the handle in its argument.
+	srv.Register("open", func(ctx context.Context, c *ServerCall) error {
+		h, _, err := ParseHandle(c.Arg())
+		if err != nil {
+			return err
+		}
+		r, err := c.Open(h)
+		if err != nil {
+			return err
+		}
+		var b [8]byte
+		n, err := r.ReadAt(b[:], 0)
+		if err != nil && err != io.EOF {
+			return err
+		}
+		return c.Reply(b[:n])
+	})
+}
+
+var kept struct {
+	sync.Mutex
+	ref *Ref
+	h   Handle
+}
+
+func TestEcho(t *testing.T) {
+	_, cl, _ := pair(t, Options{})
+	for _, m := range []string{"echo", "echo.fast"} {
+		var reply []byte
+		for i := range 100 {
+			arg := fmt.Appendf(nil, "call %d", i)
+			var err error
+			reply, err = cl.Call(context.Background(), m, arg, reply)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(reply, arg) {
+				t.Fatalf("%s: reply %q, want %q", m, reply, arg)
+			}
+		}
+	}
+}
+
+func TestRemoteErrors(t *testing.T) {
+	_, cl, _ := pair(t, Options{})
+	ctx := context.Background()
+	_, err := cl.Call(ctx, "fail", []byte("x"), nil)
+	var re *Error
+	if !errors.As(err, &re) || !errors.Is(err, ErrApplication) || re.Msg != `no luck with "x"` {
+		t.Fatalf("fail: %v", err)
+	}
+	if _, err := cl.Call(ctx, "nope", nil, nil); !errors.Is(err, ErrUnknownMethod) {
+		t.Fatalf("unknown method: %v", err)
+	}
+	if _, err := cl.Call(ctx, "panic", nil, nil); !errors.Is(err, ErrInternal) {
+		t.Fatalf("panic: %v", err)
+	}
+	if _, err := cl.Call(ctx, "echo", make([]byte, 8192), nil); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("large by value: %v", err)
+	}
+	// The session goes on.
+	if r, err := cl.Call(ctx, "echo", []byte("ok"), nil); err != nil || string(r) != "ok" {
+		t.Fatalf("after errors: %q %v", r, err)
+	}
+}
+
+func TestRefReadWrite(t *testing.T) {
+	srv, cl, _ := pair(t, Options{})
+	ctx := context.Background()
+	const size = 1 << 20
+	in, err := cl.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Free()
+	var want uint64
+	for i := range in.Bytes() {
+		in.Bytes()[i] = byte(i * 7)
+		want += uint64(byte(i * 7))
+	}
+	for _, pct := range []byte{1, 10, 100} {
+		before := srv.Stats().ReadBytes
+		cl2 := Call{Method: "sum", Arg: []byte{pct}, Refs: []Span{in.All()}}
+		if err := cl.Do(ctx, &cl2); err != nil {
+			t.Fatal(err)
+		}
+		var w uint64
+		for _, b := range in.Bytes()[:size*int(pct)/100] {
+			w += uint64(b)
+		}
+		if string(cl2.Reply) != fmt.Sprint(w) {
+			t.Fatalf("%d %%: sum %s, want %d", pct, cl2.Reply, w)
+		}
+		moved := srv.Stats().ReadBytes - before
+		touched := uint64(size) * uint64(pct) / 100
+		if moved < touched || moved > touched+fetchChunk*2 {
+			t.Fatalf("%d %%: fetched %d bytes to read %d", pct, moved, touched)
+		}
+	}
+	_ = want
+
+	src, _ := cl.Alloc(100000)
+	dst, _ := cl.Alloc(100000)
+	for i := range src.Bytes() {
+		src.Bytes()[i] = 'a' + byte(i%26)
+	}
+	if err := cl.Do(ctx, &Call{Method: "upper", Refs: []Span{src.All(), dst.All().Writable()}}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.Bytes(), bytes.ToUpper(src.Bytes())) {
+		t.Fatal("written result differs")
+	}
+	// Without the right to write, the server cannot.
+	if err := cl.Do(ctx, &Call{Method: "upper", Refs: []Span{src.All(), dst.All()}}); !errors.Is(err, ErrApplication) {
+		t.Fatalf("write to a read-only span: %v", err)
+	}
+	var re *Error
+	if errors.As(err, &re); re == nil {
+	}
+}
+
+func TestRefAfterCall(t *testing.T) {
+	srv, cl, _ := pair(t, Options{})
+	ctx := context.Background()
+	b, _ := cl.Alloc(64)
+	if err := cl.Do(ctx, &Call{Method: "keep", Refs: []Span{b.All()}}); err != nil {
+		t.Fatal(err)
+	}
+	reads := srv.Stats().Reads
+	err := cl.Do(ctx, &Call{Method: "later"})
+	if !errors.Is(err, ErrBadHandle) || !bytes.Contains([]byte(err.Error()), []byte("has ended")) {
+		t.Fatalf("handle after its call: %v", err)
+	}
+	if srv.Stats().Reads != reads {
+		t.Fatal("a stale handle was read")
+	}
+}
+
+func TestForgedHandle(t *testing.T) {
+	srv, cl, _ := pair(t, Options{})
+	ctx := context.Background()
+	b, _ := cl.Alloc(64)
+	copy(b.Bytes(), "secret")
+	reads := srv.Stats().Reads
+	for _, h := range []Handle{
+		{STag: 1, Addr: 0, Len: 8, Session: cl.Session() + 1},         // another session
+		{STag: 1, Addr: 0, Len: 8, Session: cl.Session(), Call: 12345}, // no such call
+	} {
+		err := cl.Do(ctx, &Call{Method: "open", Arg: AppendHandle(nil, h)})
+		if !errors.Is(err, ErrBadHandle) {
+			t.Fatalf("forged %+v: %v", h, err)
+		}
+	}
+	// A handle lent to one call, opened by another call of the session
+	// while the first is still running, is refused too: it was granted to
+	// that call only, and the server checks the grant.
+	if srv.Stats().Reads != reads {
+		t.Fatal("a forged handle was read")
+	}
+	if r, err := cl.Call(ctx, "echo", []byte("still here"), nil); err != nil || string(r) != "still here" {
+		t.Fatalf("after forged handles: %q %v", r, err)
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	srv, cl, _ := pair(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := cl.Call(ctx, "wait", nil, nil)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("call past its deadline: %v", err)
+	}
+	// The server's handler saw the deadline (carried in the call) or the
+	// cancel, and the slot came back: calls go on.
+	for range 3 * defaultSlots {
+		if _, err := cl.Call(context.Background(), "echo", []byte("x"), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = srv
+}
+
+func TestCancel(t *testing.T) {
+	_, cl, _ := pair(t, Options{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	ctxs := make([]context.CancelFunc, 8)
+	for i := range ctxs {
+		ctx, cancel := context.WithCancel(context.Background())
+		ctxs[i] = cancel
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := cl.Call(ctx, "wait", nil, nil) // no deadline: only the cancel ends it
+			errs <- err
+		}()
+	}
+	// Let the calls reach the server, then cancel them.
+	for cl.freeSlots() > defaultSlots-len(ctxs) {
+		time.Sleep(time.Millisecond)
+	}
+	for _, c := range ctxs {
+		c()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("canceled call: %v", err)
+		}
+	}
+	// The server's handlers were told (their slots come back only when
+	// they reply), so the slots all come back.
+	for cl.freeSlots() < defaultSlots {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := cl.Call(context.Background(), "echo", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *Client) freeSlots() int { return len(c.free) }
+
+func TestConcurrentCalls(t *testing.T) {
+	_, cl, _ := pair(t, Options{Slots: 16})
+	var wg sync.WaitGroup
+	const workers, calls = 64, 200
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var reply []byte
+			method := "echo"
+			if w%2 == 1 {
+				method = "echo.fast"
+			}
+			for i := range calls {
+				arg := fmt.Appendf(nil, "%d/%d", w, i)
+				var err error
+				if reply, err = cl.Call(context.Background(), method, arg, reply); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(reply, arg) {
+					errs <- fmt.Errorf("reply %q to %q", reply, arg)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestServerClosedMidCall(t *testing.T) {
+	srv, cl, _ := pair(t, Options{})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cl.Call(context.Background(), "wait", nil, nil)
+		errc <- err
+	}()
+	for cl.freeSlots() == defaultSlots {
+		time.Sleep(time.Millisecond)
+	}
+	srv.Close()
+	if err := <-errc; !errors.Is(err, ErrSessionClosed) {
+		t.Fatalf("call when the server closed: %v", err)
+	}
+	if _, err := cl.Call(context.Background(), "echo", nil, nil); !errors.Is(err, ErrSessionClosed) {
+		t.Fatalf("call after: %v", err)
+	}
+}
