@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/gowarp/gowarp"
 )
 
@@ -280,7 +279,7 @@ func TestForgedHandle(t *testing.T) {
 	copy(b.Bytes(), "secret")
 	reads := srv.Stats().Reads
 	for _, h := range []Handle{
-		{STag: 1, Addr: 0, Len: 8, Session: cl.Session() + 1},         // another session
+		{STag: 1, Addr: 0, Len: 8, Session: cl.Session() + 1},          // another session
 		{STag: 1, Addr: 0, Len: 8, Session: cl.Session(), Call: 12345}, // no such call
 	} {
 		err := cl.Do(ctx, &Call{Method: "open", Arg: AppendHandle(nil, h)})

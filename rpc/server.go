@@ -38,9 +38,9 @@ type Server struct {
 }
 
 type method struct {
-	name    string
-	h       Handler
-	onPoll  bool // runs on the session's poller (RegisterNonBlocking)
+	name   string
+	h      Handler
+	onPoll bool // runs on the session's poller (RegisterNonBlocking)
 }
 
 type serverStats struct {
@@ -150,7 +150,7 @@ type session struct {
 	recvMR  *gowarp.MR
 	sendMR  *gowarp.MR
 	recvs   []gowarp.RecvWR
-	calls   []ServerCall // one per client slot
+	calls   []ServerCall  // one per client slot
 	credits atomic.Uint32 // receive buffers reposted for cancels, not yet told
 
 	ctx    context.Context
