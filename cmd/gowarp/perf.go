@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -54,6 +56,7 @@ type perfConfig struct {
 	signal   int
 	postList int
 	json     bool
+	plot     string
 	server   string
 	client   string
 	verbose  bool
@@ -79,6 +82,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 	fs.BoolVar(&c.conn.CRC, "crc", false, "ask for MPA CRC32c on every FPDU")
 	fs.IntVar(&c.conn.MPARevision, "mpa-rev", 2, "MPA revision, 1 or 2")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object per result instead of the table")
+	fs.StringVar(&c.plot, "plot", "", "draw the results in `FILE` (.svg, .png or .pdf): bandwidth and latency against size per transport, and\neach one's ratio to plain TCP's; with -sweep, curves (see the README's)")
 	fs.StringVar(&c.server, "server", "", "serve tests on `ADDR` (host:port) and plain TCP on port+1, until interrupted")
 	fs.StringVar(&c.client, "client", "", "run the tests against the server at `ADDR` (host:port)")
 	fs.BoolVar(&c.conn.AsyncOnly, "async", false, "transmit every post from the QP's transmit goroutine (QPConfig.AsyncOnly)")
@@ -153,6 +157,15 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail("-mpa-rev %d: want 1 or 2", c.conn.MPARevision)
 	case c.iters < 0 || (c.iters == 0 && c.duration <= 0):
 		return fail("need a positive -duration or -iters")
+	case c.plot != "" && c.server != "":
+		return fail("-plot draws a client's results; not with -server")
+	}
+	var plotFormat string
+	if c.plot != "" {
+		var err error
+		if plotFormat, err = perf.PlotFormat(c.plot); err != nil {
+			return fail("%v", err)
+		}
 	}
 	level := slog.LevelWarn
 	if c.verbose {
@@ -168,7 +181,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	runs := c.runs()
 
 	client := &perf.Client{Addr: c.client}
-	where := "loopback"
+	where, plotWhere := "loopback", "loopback"
 	if c.client == "" {
 		lb, err := perf.StartLoopback(&perf.Server{Log: log, Conn: c.conn})
 		if err != nil {
@@ -180,6 +193,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		where = "loopback " + lb.Addr
 	} else {
 		where = "client of " + c.client
+		plotWhere = where
 	}
 	if !c.json {
 		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s\n",
@@ -189,29 +203,72 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	enc := json.NewEncoder(stdout)
 	failed := 0
-	for _, r := range runs {
+	var results []perf.Result
+	prog := newProgress(stderr, len(runs), c.json)
+	defer prog.close()
+	for i, r := range runs {
+		prog.begin(i+1, fmt.Sprintf("%s %s", r.test, sizeName(r.size)))
 		o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,
 			Iters: c.iters, Duration: c.duration}
 		res, err := client.Run(ctx, r.test, o)
 		if err != nil {
 			if ctx.Err() != nil {
-				fmt.Fprintln(stderr, "gowarp perf: interrupted")
-				return 1
+				prog.print(func() { fmt.Fprintln(stderr, "gowarp perf: interrupted") })
+				return exitFailure
 			}
-			fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
+			prog.print(func() { fmt.Fprintf(stderr, "gowarp perf: %v\n", err) })
 			failed++
 			continue
 		}
-		if c.json {
-			enc.Encode(res)
-		} else {
-			perf.WriteTableRow(stdout, res)
+		results = append(results, res)
+		prog.print(func() {
+			if c.json {
+				enc.Encode(res)
+			} else {
+				perf.WriteTableRow(stdout, res)
+			}
+		})
+	}
+	prog.close()
+	if c.plot != "" {
+		title := fmt.Sprintf("gowarp perf %s\n%s, MPA rev %d, CRC %s; %s, %d CPUs, %s/%s",
+			strings.Join(args, " "), plotWhere, c.conn.MPARevision, onOff(c.conn.CRC),
+			time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+		if err := writePlot(c.plot, plotFormat, results, title); err != nil {
+			fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
+			return exitFailure
+		}
+		if !c.json {
+			fmt.Fprintf(stdout, "# plot: %s\n", c.plot)
 		}
 	}
 	if failed > 0 {
-		return 1
+		return exitFailure
 	}
-	return 0
+	return exitOK
+}
+
+func writePlot(name, format string, results []perf.Result, title string) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if err := perf.WritePlot(f, format, results, title); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// sizeName writes a message size as the -size flag takes it.
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dM", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dK", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 func perfServe(ctx context.Context, c *perfConfig, log *slog.Logger, stderr io.Writer) int {
