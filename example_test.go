@@ -3,6 +3,7 @@ package gowarp_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -131,4 +132,65 @@ func ExampleMR_WaitPlaced() {
 	}
 	fmt.Printf("%s\n", inbox[:len(msg)])
 	// Output: hello, one-sided
+}
+
+// ExampleDevice_Events watches a device's asynchronous events: here the
+// server closes its end once it has the client's message, and the client
+// learns of it without posting or polling anything.
+func ExampleDevice_Events() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dev := gowarp.Open()
+	pd := dev.AllocPD()
+	ln, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+
+	srvCQ := dev.NewCQ(8)
+	srv, _ := pd.NewQP(gowarp.QPConfig{SendCQ: srvCQ, RecvCQ: srvCQ})
+	rbuf, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
+	srv.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: rbuf, Length: 64}}})
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		req.Accept(ctx, srv, gowarp.ConnectOptions{})
+		srvCQ.Wait(ctx) // the client's message
+		srv.Close()
+	}()
+
+	cq := dev.NewCQ(8)
+	qp, _ := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+	defer qp.Close()
+	if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	msg, _ := pd.Register([]byte("bye"), 0)
+	qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: msg, Length: 3}}})
+
+	for {
+		select {
+		case e := <-dev.Events():
+			if e.QP != qp {
+				continue // the server's own events
+			}
+			switch e.Type {
+			case gowarp.EventPeerClosed:
+				fmt.Println("peer closed:", errors.Is(e.Err, gowarp.ErrPeerClosed))
+			case gowarp.EventQPFatal, gowarp.EventPeerTerminated:
+				fmt.Println("failed:", e.Err)
+			case gowarp.EventLastWQE:
+				fmt.Println("all work requests completed")
+				return
+			}
+		case <-ctx.Done():
+			log.Fatal(ctx.Err())
+		}
+	}
+	// Output:
+	// peer closed: true
+	// all work requests completed
 }

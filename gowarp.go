@@ -197,9 +197,11 @@ type TermError = wire.TermError
 // Device is a software RDMA device: the STag table its regions live in and
 // the protection domains that partition it.
 type Device struct {
-	table  *mem.Table
-	nextPD atomic.Uint32
-	log    *slog.Logger
+	table   *mem.Table
+	nextPD  atomic.Uint32
+	log     *slog.Logger
+	events  chan Event
+	dropped atomic.Uint64
 }
 
 // DeviceOption configures Open.
@@ -209,6 +211,17 @@ type DeviceOption func(*Device)
 // (default slog.Default()).
 func WithLogger(l *slog.Logger) DeviceOption { return func(d *Device) { d.log = l } }
 
+// DefaultEventBuffer is how many asynchronous events a device holds for
+// its reader by default (see Device.Events).
+const DefaultEventBuffer = 256
+
+// WithEventBuffer sets how many asynchronous events the device holds for
+// a reader of Events before it drops new ones (default
+// DefaultEventBuffer).
+func WithEventBuffer(n int) DeviceOption {
+	return func(d *Device) { d.events = make(chan Event, max(n, 1)) }
+}
+
 // Open returns a new device.
 func Open(opts ...DeviceOption) *Device {
 	// STag indexes start at a random point, as siw does, so that STags of
@@ -217,11 +230,74 @@ func Open(opts ...DeviceOption) *Device {
 	for _, o := range opts {
 		o(d)
 	}
+	if d.events == nil {
+		d.events = make(chan Event, DefaultEventBuffer)
+	}
 	return d
 }
 
 // NewCQ returns a completion queue holding up to depth completions.
-func (d *Device) NewCQ(depth int) *CQ { return engine.NewCQ(depth) }
+func (d *Device) NewCQ(depth int) *CQ { return engine.NewCQEvents(depth, d.emit) }
+
+// Event is an asynchronous event of a device's queue pairs and completion
+// queues, as libibverbs' ibv_get_async_event and rdma_cm's disconnect
+// event report them: see Device.Events and the EventType constants.
+type Event = engine.Event
+
+// EventType says what an Event reports.
+type EventType = engine.EventType
+
+// Asynchronous event types. The queue pair events carry the QP and, in
+// Err, the reason, which errors.Is matches against this package's errors
+// (and a Terminate's *TermError).
+const (
+	// EventQPFatal: this side moved the QP to error: it found an error in
+	// the peer's input and sent a Terminate (Err matches ErrTerminated),
+	// or the connection failed (ErrLinkLost). IBV_EVENT_QP_FATAL.
+	EventQPFatal = engine.EventQPFatal
+	// EventPeerTerminated: the peer sent a Terminate (Err matches
+	// ErrPeerTerminated and the peer's TermError).
+	EventPeerTerminated = engine.EventPeerTerminated
+	// EventPeerClosed: the peer closed the connection (ErrPeerClosed).
+	// RDMA_CM_EVENT_DISCONNECTED.
+	EventPeerClosed = engine.EventPeerClosed
+	// EventCQOverrun: a completion found its CQ (Event.CQ) full and was
+	// lost; the CQ's Wait returns ErrCQOverrun from then on. Reported
+	// once per CQ. IBV_EVENT_CQ_ERR.
+	EventCQOverrun = engine.EventCQOverrun
+	// EventLastWQE: the QP left the ready state, for any reason (Err;
+	// ErrClosed after Close or Disconnect), and every work request it
+	// held has completed, most as flushed: nothing more of it will
+	// complete, and it pins no region any more. It follows the failure's
+	// own event. IBV_EVENT_QP_LAST_WQE_REACHED.
+	EventLastWQE = engine.EventLastWQE
+)
+
+// Events returns the channel on which the device reports asynchronous
+// events: a queue pair's fatal error, a Terminate or close from the peer,
+// a completion queue's overrun, a queue pair's last work request done.
+// They reach whoever receives, without polling QP.Err or CQ.Wait.
+//
+// The engine never waits for a reader. The channel holds
+// DefaultEventBuffer events (see WithEventBuffer); when it is full, new
+// events are dropped and counted by DroppedEvents. Nothing else is lost:
+// the state events report stays readable (QP.State and QP.Err, CQ.Wait's
+// ErrCQOverrun), so a device whose events nobody reads works as before.
+// The channel is never closed.
+func (d *Device) Events() <-chan Event { return d.events }
+
+// DroppedEvents returns how many events were dropped because the Events
+// channel was full.
+func (d *Device) DroppedEvents() uint64 { return d.dropped.Load() }
+
+// emit queues an event without ever blocking the engine.
+func (d *Device) emit(e Event) {
+	select {
+	case d.events <- e:
+	default:
+		d.dropped.Add(1)
+	}
+}
 
 // PD is a protection domain: regions and queue pairs of one PD can be
 // used together; a peer connected to a QP reaches only its PD's regions.

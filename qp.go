@@ -83,7 +83,7 @@ func (pd *PD) NewQP(c QPConfig) (*QP, error) {
 		SendCQ: c.SendCQ, RecvCQ: c.RecvCQ,
 		PD: pd.id, Table: pd.dev.table,
 		Completion: c.Completion, AsyncOnly: c.AsyncOnly,
-		Logger: pd.dev.log,
+		Logger: pd.dev.log, Events: pd.dev.emit,
 	})
 }
 

@@ -40,8 +40,8 @@ const MaxIRDORD = 128
 
 // Options are one side's wishes.
 type Options struct {
-	Revision    int  // 1 or 2 (default 2)
-	CRC         bool // ask for CRC; the peer may ask too, then it is on
+	Revision int  // 1 or 2 (default 2)
+	CRC      bool // ask for CRC; the peer may ask too, then it is on
 	// IRD and ORD are the inbound and outbound Read limits: 0 for the
 	// default 16, negative for none (RFC 6581 IRD/ORD 0).
 	IRD, ORD    int

@@ -25,6 +25,7 @@ type CQ struct {
 	// inline is the queue pair a waiter is receiving on inline, to be rung
 	// when a completion comes from elsewhere.
 	inline *QP
+	events Emitter // reports the first overrun
 }
 
 func (cq *CQ) setInline(q *QP) {
@@ -63,6 +64,14 @@ func NewCQ(depth int) *CQ {
 	return &CQ{ring: make([]Completion, depth), notify: make(chan struct{}, 1)}
 }
 
+// NewCQEvents returns a completion queue that reports its overrun to
+// events.
+func NewCQEvents(depth int, events Emitter) *CQ {
+	cq := NewCQ(depth)
+	cq.events = events
+	return cq
+}
+
 // Cap returns the queue's depth.
 func (cq *CQ) Cap() int { return len(cq.ring) }
 
@@ -72,9 +81,13 @@ func (cq *CQ) Cap() int { return len(cq.ring) }
 func (cq *CQ) push(c *Completion, fromRx bool) bool {
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
+		first := !cq.overrun
 		cq.overrun = true
 		w := cq.inline
 		cq.mu.Unlock()
+		if first && cq.events != nil {
+			cq.events(Event{Type: EventCQOverrun, QP: c.QP, CQ: cq, Err: ErrCQOverrun})
+		}
 		if w != nil {
 			w.ring()
 		}

@@ -89,6 +89,8 @@ type Config struct {
 	// instead of transmitting in the caller's goroutine (for comparison).
 	AsyncOnly bool
 	Logger    *slog.Logger
+	// Events, if set, receives the queue pair's asynchronous events.
+	Events Emitter
 }
 
 // Params are what MPA negotiation settled.
@@ -634,6 +636,7 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 		q.err = cause
 	}
 	q.flushLocked()
+	q.emitFailureLocked(cause)
 	if term != nil && wasReady {
 		t := wire.NewTerminate(term, head, ulen, q.termScratch[:0])
 		q.termPending = &t
