@@ -1,0 +1,123 @@
+package guest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDebURI(t *testing.T) {
+	for _, c := range []struct {
+		text   string
+		deb822 bool
+		want   string
+	}{
+		{"deb http://m.example/debian bookworm main\n", false, "http://m.example/debian"},
+		{"# deb http://x/ bookworm main\ndeb [signed-by=/k.gpg arch=amd64] http://m.example/debian bookworm main\n", false, "http://m.example/debian"},
+		{"deb http://sec.example/debian-security bookworm-security main\ndeb http://m.example/d bookworm main\n", false, "http://m.example/d"},
+		{"deb-src http://m.example/debian bookworm main\n", false, ""},
+		{"Types: deb\nURIs: http://sec.example/ds\nSuites: bookworm-security\n\nTypes: deb deb-src\nURIs: http://m.example/debian http://n.example/\nSuites: bookworm bookworm-updates\nComponents: main\n", true, "http://m.example/debian"},
+		{"Types: deb-src\nURIs: http://m.example/debian\nSuites: bookworm\n", true, ""},
+	} {
+		if got := debURI(c.text, c.deb822); got != c.want {
+			t.Errorf("debURI(%q) = %q, want %q", c.text, got, c.want)
+		}
+	}
+}
+
+func TestRecipeNamesCache(t *testing.T) {
+	a := CacheDir()
+	Packages = append(Packages, "strace")
+	defer func() { Packages = Packages[:len(Packages)-1] }()
+	if b := CacheDir(); a == b {
+		t.Errorf("adding a package kept the cache directory %s", a)
+	}
+}
+
+// TestGuest builds (or reuses) the guest and boots it: siw0 is there, the
+// tools the suite runs are installed, and both forwards carry bytes.
+func TestGuest(t *testing.T) {
+	if os.Getenv("GOWARP_SIWVM") == "" {
+		t.Skip("boots a QEMU guest only with GOWARP_SIWVM=1 (see README)")
+	}
+	if err := HostToolsMissing(); err != nil && !CanInstall() {
+		t.Skipf("SKIP: %v and not installable here (apt-get as root)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	im, err := Build(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("image in %s:\n%s", im.Dir, im.Versions)
+	hostLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	fwd, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwdPort := fwd.Addr().(*net.TCPAddr).Port
+	fwd.Close()
+	v, err := Boot(ctx, im, Config{
+		HostFwd:  []Forward{{Host: fwdPort, Guest: 7000}},
+		GuestFwd: []Forward{{Host: hostLn.Addr().(*net.TCPAddr).Port, Guest: 7001}},
+		Logf:     t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Stop()
+
+	rc, out, err := v.Run(ctx, "rdma link show; command -v rping rdma_server rdma_client ucmatose ib_write_bw ib_send_lat ibv_devinfo", time.Minute)
+	if err != nil || rc != 0 || !strings.Contains(out, "siw0") || strings.Count(out, "/usr/bin/") != 7 {
+		t.Fatalf("guest tools: rc %d, %v:\n%s", rc, err, out)
+	}
+
+	// Guest to host: bash's /dev/tcp through the guest forward.
+	got := make(chan string, 1)
+	go func() {
+		c, err := hostLn.Accept()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer c.Close()
+		b, _ := io.ReadAll(c)
+		got <- string(b)
+	}()
+	if rc, out, err := v.Run(ctx, fmt.Sprintf("echo from-guest >/dev/tcp/%s/7001", HostAddr), time.Minute); err != nil || rc != 0 {
+		t.Fatalf("guest to host: rc %d, %v: %s", rc, err, out)
+	}
+	if s := <-got; s != "from-guest\n" {
+		t.Errorf("host received %q", s)
+	}
+
+	// Host to guest: a perl server in the guest (perl-base is in every
+	// Debian) answers through the host forward.
+	j, err := v.Server(ctx, 7000, `perl -MIO::Socket::INET -e '$l=IO::Socket::INET->new(LocalPort=>7000,Listen=>1,ReuseAddr=>1) or die; $c=$l->accept; print $c "from-guest ".<$c>'`, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", fwdPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "hello\n")
+	line, err := bufio.NewReader(c).ReadString('\n')
+	c.Close()
+	if line != "from-guest hello\n" {
+		t.Errorf("host to guest: got %q, %v", line, err)
+	}
+	if rc, out, err := j.Wait(ctx); rc != 0 || err != nil {
+		t.Errorf("guest server: rc %d, %v: %s", rc, err, out)
+	}
+}
