@@ -3,6 +3,7 @@ package gowarp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -220,4 +221,135 @@ func TestCloseBoundedForSilentPeer(t *testing.T) {
 	if err := qp.Err(); !errors.Is(err, wire.ErrRDMAPStream) {
 		t.Errorf("QP error %v, want the IRD overrun", err)
 	}
+}
+
+// TestDeliveredSendCompletes: a request/reply where the server replies 8 ms
+// after the request and the client closes the moment it has the reply.
+// The server's signaled Send reached the client, so it must complete
+// successfully in both modes: in Handed mode its bytes were taken by the
+// socket, in Acked mode the client's TCP acknowledged them (its FIN did,
+// if nothing before). Before the fix the failure's flush overtook the
+// completion in a few sessions of a hundred.
+func TestDeliveredSendCompletes(t *testing.T) {
+	sessions := 300
+	if testing.Short() {
+		sessions = 30
+	}
+	for _, mode := range []gowarp.CompletionMode{gowarp.Handed, gowarp.Acked} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dev := gowarp.Open()
+			pd := dev.AllocPD()
+			ln, err := dev.Listen("127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			flushed := 0
+			for i := range sessions {
+				if err := requestReply(dev, pd, ln, mode); err != nil {
+					if !errors.Is(err, gowarp.WRFlushError) {
+						t.Fatalf("session %d: %v", i, err)
+					}
+					flushed++
+				}
+			}
+			if flushed > 0 {
+				t.Errorf("%d of %d delivered replies completed flushed", flushed, sessions)
+			}
+		})
+	}
+}
+
+// requestReply runs one session of TestDeliveredSendCompletes and returns
+// the error of the server's reply completion.
+func requestReply(dev *gowarp.Device, pd *gowarp.PD, ln *gowarp.Listener, mode gowarp.CompletionMode) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const size = 16
+	newQP := func() (*gowarp.QP, *gowarp.CQ, *gowarp.MR, *gowarp.MR, error) {
+		cq := dev.NewCQ(8)
+		qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq, SendDepth: 4, RecvDepth: 4, Completion: mode})
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		in, _ := pd.Register(make([]byte, size), gowarp.LocalWrite)
+		out, _ := pd.Register(make([]byte, size), 0)
+		return qp, cq, in, out, qp.PostRecv(&gowarp.RecvWR{ID: 10, SGL: []gowarp.SGE{{MR: in, Length: size}}})
+	}
+	next := func(cq *gowarp.CQ, op gowarp.CompletionOp) (gowarp.Completion, error) {
+		var wc [1]gowarp.Completion
+		for {
+			for cq.Poll(wc[:]) == 1 {
+				if wc[0].Op == op || wc[0].Err() != nil {
+					return wc[0], nil
+				}
+			}
+			if err := cq.Wait(ctx); err != nil {
+				return wc[0], err
+			}
+		}
+	}
+	type result struct {
+		c   gowarp.Completion
+		err error
+	}
+	server := make(chan result, 1)
+	go func() {
+		qp, cq, _, out, err := newQP()
+		if err != nil {
+			server <- result{err: err}
+			return
+		}
+		defer qp.Close()
+		req, err := ln.Accept(ctx)
+		if err == nil {
+			err = req.Accept(ctx, qp, gowarp.ConnectOptions{})
+		}
+		var c gowarp.Completion
+		if err == nil {
+			c, err = next(cq, gowarp.CompRecv)
+		}
+		if err == nil && c.Err() != nil {
+			err = fmt.Errorf("request: %w", c.Err())
+		}
+		if err != nil {
+			server <- result{err: err}
+			return
+		}
+		time.Sleep(8 * time.Millisecond) // the server thinks
+		if err := qp.PostSend(&gowarp.SendWR{ID: 20, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: out, Length: size}}}); err != nil {
+			server <- result{err: err}
+			return
+		}
+		c, err = next(cq, gowarp.CompSend)
+		server <- result{c, err}
+	}()
+	qp, cq, _, out, err := newQP()
+	if err != nil {
+		return err
+	}
+	if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{}); err != nil {
+		qp.Close()
+		return err
+	}
+	err = qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: out, Length: size}}})
+	var c gowarp.Completion
+	if err == nil {
+		c, err = next(cq, gowarp.CompRecv)
+	}
+	qp.Close() // as soon as the reply is in
+	if err == nil && (c.Err() != nil || c.Bytes != size) {
+		err = fmt.Errorf("client's reply completion %+v", c)
+	}
+	r := <-server
+	if err != nil {
+		return fmt.Errorf("client: %v", err) // not the error the test counts
+	}
+	if r.err != nil {
+		return fmt.Errorf("server: %v", r.err)
+	}
+	if r.c.ID != 20 || r.c.Op != gowarp.CompSend {
+		return fmt.Errorf("server completion %+v, want the reply's", r.c)
+	}
+	return r.c.Err()
 }

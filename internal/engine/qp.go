@@ -45,11 +45,15 @@ const (
 	// bytes. The buffer may then be reused only if the application can
 	// tolerate a retransmission carrying the new bytes (with CRC on, the
 	// peer would see a CRC error); in practice: do not change it until a
-	// later exchange with the peer shows the data arrived.
+	// later exchange with the peer shows the data arrived. If the
+	// connection fails, what the socket took still completes successfully;
+	// only work it did not take is flushed.
 	Handed CompletionMode = iota
 	// Acked completes a Send or Write once the kernel's send queue shows
 	// every byte of it acknowledged by the peer's TCP (SIOCOUTQ). From then
 	// on the buffer may be changed freely: TCP will never send it again.
+	// If the connection fails, what was acknowledged by then completes
+	// successfully, the rest is flushed (though it may have arrived).
 	Acked
 )
 
@@ -188,6 +192,9 @@ type QP struct {
 	// Transmit role: held by one goroutine at a time.
 	txBusy   bool
 	txHanded bool // the role was passed to the transmit goroutine
+	// txCloses: the queue pair failed while the role was held; its holder
+	// flushes the send queue and closes the link when it lets go.
+	txCloses bool
 	txWake   chan struct{}
 	tx       txState
 
@@ -613,6 +620,14 @@ func (q *QP) Close() error {
 		q.link.Close()
 	}
 	q.wg.Wait()
+	q.mu.Lock()
+	if q.txBusy && q.txHanded {
+		// Handed to the transmit goroutine, which stopped first: nobody
+		// holds the role, so its send-queue flush falls to us.
+		q.txHanded = false
+		q.releaseTxLocked()
+	}
+	q.mu.Unlock()
 	return nil
 }
 
@@ -655,9 +670,20 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 		})
 		return
 	}
+	busy := q.txBusy
+	q.txCloses = busy
 	q.mu.Unlock()
 	q.wakeTx()
-	if q.link != nil {
+	switch {
+	case q.link == nil:
+	case busy:
+		// The holder of the transmit role may have just written a
+		// completion's last bytes: it must count them before the send
+		// queue is flushed, and in Acked mode ask the open socket what the
+		// peer acknowledged. So it flushes and closes; a write of its
+		// blocked on a full socket, and a read, stop now.
+		q.link.Conn().SetDeadline(time.Unix(1, 0))
+	default:
 		q.link.Close()
 	}
 }
@@ -671,18 +697,12 @@ const termTimeout = time.Second
 func (q *QP) termOver() { q.termOnce.Do(func() { close(q.termDone) }) }
 
 // flushLocked completes every outstanding work request: those with a
-// status of their own get it, the rest WRFlushError.
+// status of their own get it, the rest WRFlushError. The send queue waits
+// for the holder of the transmit role, if any (see releaseTxLocked).
 func (q *QP) flushLocked() {
-	for i := q.sqHead; i < q.sqTail; i++ {
-		e := &q.sq[i%uint64(len(q.sq))]
-		if !e.done {
-			e.done = true
-			if e.status == Success {
-				e.status = WRFlushError
-			}
-		}
+	if !q.txBusy {
+		q.flushSQLocked()
 	}
-	q.sqDone, q.sqTx = q.sqTail, q.sqTail
 	q.orqHead = q.orqTail
 	for ; q.irqHead < q.irqTail; q.irqHead++ {
 		e := &q.irq[q.irqHead%uint64(len(q.irq))]
@@ -691,7 +711,6 @@ func (q *QP) flushLocked() {
 		}
 		*e = irqEntry{}
 	}
-	q.retireLocked(false)
 	for ; q.rqHead < q.rqTail; q.rqHead++ {
 		e := &q.rq[q.rqHead%uint64(len(q.rq))]
 		st := WRFlushError
@@ -707,4 +726,36 @@ func (q *QP) flushLocked() {
 		}
 		e.sges = [MaxSGE]SGE{}
 	}
+}
+
+// flushSQLocked completes the send queue of a failed queue pair: first,
+// as ever, the Sends and Writes whose bytes the socket took (Handed) or
+// the peer acknowledged (Acked), then the rest as flushed. Nobody holds the
+// transmit role, so what was written is known.
+func (q *QP) flushSQLocked() {
+	q.markSentLocked()
+	for i := q.sqHead; i < q.sqTail; i++ {
+		e := &q.sq[i%uint64(len(q.sq))]
+		if !e.done {
+			e.done = true
+			if e.status == Success {
+				e.status = WRFlushError
+			}
+		}
+	}
+	q.sqDone, q.sqTx = q.sqTail, q.sqTail
+	q.retireLocked(false)
+}
+
+// releaseTxLocked gives up the transmit role. After a failure the holder
+// flushes the send queue, its last write counted; it reports whether the
+// holder must close the link, left open for it by the failure.
+func (q *QP) releaseTxLocked() (closeLink bool) {
+	q.txBusy = false
+	if q.State() != StateError {
+		return false
+	}
+	q.flushSQLocked()
+	closeLink, q.txCloses = q.txCloses, false
+	return closeLink
 }

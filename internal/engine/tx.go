@@ -112,7 +112,7 @@ func (q *QP) transmit(block bool) {
 			q.markSentLocked()
 			if t.termSent {
 				t.termSent = false
-				q.txBusy = false
+				q.releaseTxLocked()
 				q.mu.Unlock()
 				q.link.Close()
 				q.termOver()
@@ -120,8 +120,11 @@ func (q *QP) transmit(block bool) {
 			}
 			t.build()
 			if t.left == 0 {
-				q.txBusy = false
+				closeLink := q.releaseTxLocked()
 				q.mu.Unlock()
+				if closeLink {
+					q.link.Close()
+				}
 				if q.cfg.Completion == Acked {
 					q.wakeTx() // the transmit goroutine watches the acknowledgements
 				}
@@ -142,14 +145,14 @@ func (q *QP) transmit(block bool) {
 			}
 			t.left, t.termSent = 0, false
 			q.mu.Lock()
-			q.txBusy = false
-			q.mu.Unlock()
-			q.fail(fmt.Errorf("%w: %w", ErrLinkLost, err))
-			q.mu.Lock()
-			// A Terminate queued meanwhile cannot leave any more.
-			q.termPending = nil
+			q.termPending = nil // a Terminate queued meanwhile cannot leave
+			closeLink := q.releaseTxLocked()
 			term := q.termDone != nil
 			q.mu.Unlock()
+			q.fail(fmt.Errorf("%w: %w", ErrLinkLost, err))
+			if closeLink {
+				q.link.Close()
+			}
 			if term {
 				q.termOver()
 			}
@@ -184,8 +187,12 @@ func (q *QP) markSentLocked() {
 	}
 	limit := t.written
 	if q.cfg.Completion == Acked {
-		if un, err := q.link.Unacked(); err == nil && uint64(un) <= limit {
+		un, err := q.link.Unacked()
+		switch {
+		case err == nil && uint64(un) <= limit:
 			limit -= uint64(un)
+		case !errors.Is(err, errors.ErrUnsupported):
+			return // closed: what the peer acknowledged is unknown
 		}
 	}
 	for q.sqDone < q.sqTx {
