@@ -365,7 +365,23 @@ func vanishMidway(ctx context.Context, dev *gowarp.Device, addr string, test Tes
 	default:
 		wr.Op = gowarp.OpWrite
 	}
-	for range 20 {
+	// The client keeps the protocol while it lasts: send_lat answers each
+	// Send with one of the same size, which needs a receive here, and no
+	// Send may find the server without a receive (it has recvDepth).
+	// Otherwise either side rightly sends a Terminate, and a post after it
+	// fails: the test would race with its own protocol error.
+	sends := 20
+	if test == SendBW || test == SendLat {
+		sends = min(sends, int(rep.recvDepth))
+	}
+	if test == SendLat {
+		for i := range sends {
+			if err := qp.PostRecv(&gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: mr, Length: size}}}); err != nil {
+				return err
+			}
+		}
+	}
+	for range sends {
 		if err := qp.PostSend(&wr); err != nil {
 			return err
 		}
