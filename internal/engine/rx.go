@@ -114,11 +114,14 @@ func (q *QP) rxLoop() {
 		seen = gen
 		if idle && q.rxMu.TryLock() {
 			err := q.rx.background()
-			q.rxMu.Unlock()
 			if !errors.Is(err, errRxYield) {
+				// Still holding the path: an inline receiver must not read
+				// past the bad FPDU, nor over the header the Terminate echoes.
 				q.rxFailed(err)
+				q.rxMu.Unlock()
 				return
 			}
+			q.rxMu.Unlock()
 			select {
 			case q.rxFree <- struct{}{}:
 			default:
@@ -270,11 +273,11 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	if !cancellable {
 		q.rearm(time.Time{})
 	} // else the deadline stays for the next wait; to the receive goroutine it is a stale doorbell
+	if failed != nil {
+		q.rxFailed(failed) // holding the path, as in rxLoop
+	}
 	q.rxAppGen.Add(1)
 	q.rxMu.Unlock()
-	if failed != nil {
-		q.rxFailed(failed)
-	}
 	return true
 }
 
