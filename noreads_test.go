@@ -215,9 +215,10 @@ func TestReadAtIRDZeroTerminates(t *testing.T) {
 }
 
 // TestNoReadsInitiatorRefusesReader: a client that asked for IRD 0 does
-// not let a responder that insists on reading (reply ORD 1) in.
+// not let a responder that insists on reading (reply ORD 1) in, and tells
+// it why with RFC 6581's Terminate (MPA, insufficient IRD).
 func TestNoReadsInitiatorRefusesReader(t *testing.T) {
-	addr, _ := rawResponder(t, net.ListenConfig{}, 16, 1)
+	addr, conns := rawResponder(t, net.ListenConfig{}, 16, 1)
 	dev := gowarp.Open()
 	cq := dev.NewCQ(8)
 	qp, _ := dev.AllocPD().NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
@@ -226,5 +227,62 @@ func TestNoReadsInitiatorRefusesReader(t *testing.T) {
 	defer cancel()
 	if err := qp.Connect(ctx, addr, gowarp.ConnectOptions{IRD: gowarp.NoReads, NoP2P: true}); !errors.Is(err, gowarp.ErrInsufficientIRD) {
 		t.Fatalf("Connect: %v, want ErrInsufficientIRD", err)
+	}
+	c := <-conns
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	term := (&rawPeer{t: t, c: c}).terminate()
+	if !errors.Is(&term.Err, wire.ErrMPAInsufficientIRD) {
+		t.Fatalf("Terminate %v, want %v", &term.Err, wire.ErrMPAInsufficientIRD)
+	}
+}
+
+// TestNoMatchingRTRTerminates: a peer-to-peer reply that picks a
+// ready-to-receive message the initiator did not offer (a Send; or a Read
+// where the initiator has ORD 0) fails Connect and is answered with RFC
+// 6581's Terminate (MPA, no matching RTR).
+func TestNoMatchingRTRTerminates(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ord  int
+		rtr  wire.RTR
+	}{{"Send RTR", 0, wire.RTRSend}, {"Read RTR at ORD 0", gowarp.NoReads, wire.RTRRead}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			conns := make(chan net.Conn, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if _, err := readMPAFrame(c); err != nil {
+					c.Close()
+					return
+				}
+				rep, _ := (&wire.MPAFrame{Reply: true, Revision: 2, Enhanced: true, IRD: 1, ORD: 0, P2P: true, RTR: tc.rtr}).Append(nil)
+				c.Write(rep)
+				conns <- c
+			}()
+			dev := gowarp.Open()
+			cq := dev.NewCQ(8)
+			qp, _ := dev.AllocPD().NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+			defer qp.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{ORD: tc.ord}); !errors.Is(err, gowarp.ErrMPAProtocol) {
+				t.Fatalf("Connect: %v, want ErrMPAProtocol", err)
+			}
+			c := <-conns
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			term := (&rawPeer{t: t, c: c}).terminate()
+			if !errors.Is(&term.Err, wire.ErrMPANoMatchingRTR) {
+				t.Fatalf("Terminate %v, want %v", &term.Err, wire.ErrMPANoMatchingRTR)
+			}
+		})
 	}
 }

@@ -187,8 +187,10 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 		// we asked for none. Its IRD caps our ORD.
 		switch {
 		case int(rep.ORD) > MaxIRDORD:
+			terminate(c, r.CRC, wire.ErrMPAInsufficientIRD)
 			return Result{}, fmt.Errorf("%w: responder ORD %d exceeds %d", ErrInsufficientIRD, rep.ORD, MaxIRDORD)
 		case o.IRD < 0 && rep.ORD > 0:
+			terminate(c, r.CRC, wire.ErrMPAInsufficientIRD)
 			return Result{}, fmt.Errorf("%w: responder ORD %d, and we take no Reads (IRD 0)", ErrInsufficientIRD, rep.ORD)
 		}
 		r.IRD = max(r.IRD, int(rep.ORD))
@@ -200,11 +202,28 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 			case rep.RTR&req.RTR&wire.RTRRead != 0 && r.ORD > 0:
 				r.SendRTR = wire.RTRRead
 			default:
+				terminate(c, r.CRC, wire.ErrMPANoMatchingRTR)
 				return Result{}, fmt.Errorf("%w: peer-to-peer reply chose no RTR we offered (%v)", ErrProtocol, rep.RTR)
 			}
 		}
 	}
 	return r, nil
+}
+
+// terminate sends, best effort, the Terminate RFC 6581 §3 asks of an
+// initiator that cannot go on with the reply it read (insufficient IRD,
+// no matching RTR), as siw does, so that the responder learns why before
+// the connection closes.
+func terminate(c net.Conn, crc bool, e *wire.TermError) {
+	t := wire.NewTerminate(e, nil, 0, nil)
+	h := wire.Header{Opcode: wire.OpTerminate, Last: true, DDPVersion: wire.DDPVersion,
+		RDMAPVersion: wire.RDMAPVersion, QN: wire.QNTerminate, MSN: 1}
+	b, err := wire.AppendFPDU(nil, t.Append(h.Append(nil)), crc)
+	if err != nil {
+		return
+	}
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	c.Write(b)
 }
 
 // Request is a connection request read by a responder.
