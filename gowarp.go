@@ -241,7 +241,15 @@ func (d *Device) NewCQ(depth int) *CQ { return engine.NewCQEvents(depth, d.emit)
 
 // Event is an asynchronous event of a device's queue pairs and completion
 // queues, as libibverbs' ibv_get_async_event and rdma_cm's disconnect
-// event report them: see Device.Events and the EventType constants.
+// event report them: see Device.Events and the EventType constants. Its
+// fields:
+//
+//	type Event struct {
+//		Type EventType
+//		QP   *QP   // the queue pair concerned
+//		CQ   *CQ   // EventCQOverrun: the queue that overran
+//		Err  error // why: matches this package's errors with errors.Is
+//	}
 type Event = engine.Event
 
 // EventType says what an Event reports.
