@@ -58,8 +58,8 @@ func pingFlags(stderr io.Writer) (*flag.FlagSet, *pingConfig) {
 	fs.BoolVar(&c.conn.CRC, "crc", false, "ask for MPA CRC32c (client in the request, server in the reply)")
 	fs.IntVar(&c.conn.MPARevision, "mpa-rev", 2, "MPA revision the client asks for, 1 or 2")
 	fs.BoolVar(&c.p2p, "p2p", false, "client offers MPA peer-to-peer mode with a ready-to-receive message")
-	fs.IntVar(&c.conn.IRD, "ird", 1, "inbound RDMA Reads the client allows (rping: 1; the server reads from the client)")
-	fs.IntVar(&c.conn.ORD, "ord", 1, "outbound RDMA Reads the client asks for (rping: 1)")
+	fs.IntVar(&c.conn.IRD, "ird", 1, "inbound RDMA Reads the client allows (rping: 1; the server reads from the client; 0: none)")
+	fs.IntVar(&c.conn.ORD, "ord", 1, "outbound RDMA Reads the client asks for (rping: 1; 0: none)")
 	fs.IntVar(&c.pd, "pd", 0, "send `N` bytes of private data in the MPA request (at most 252 to interoperate with siw)")
 	fs.BoolVar(&c.debug, "d", false, "log connection events and protocol errors to stderr")
 	fs.DurationVar(&c.nudge, "nudge", 200*time.Millisecond, "client: after this long without an answer to its first message, send a zero-length RDMA Write\n(siw's server can miss a message that arrives while it accepts; 0: never)")
@@ -115,6 +115,12 @@ func pingMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	c.conn.NoP2P = !c.p2p
+	// On the command line 0 means none, as in rdma_cm's conn_param.
+	for _, v := range []*int{&c.conn.IRD, &c.conn.ORD} {
+		if *v <= 0 {
+			*v = gowarp.NoReads
+		}
+	}
 	if c.pd > 0 {
 		c.conn.PrivateData = bytes.Repeat([]byte{'g'}, c.pd)
 	}

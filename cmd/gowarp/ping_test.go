@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"slices"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gowarp/gowarp/wire"
 )
 
 // lockedBuf is an output buffer for a command running in a goroutine.
@@ -124,5 +127,46 @@ func TestPerftestUsage(t *testing.T) {
 	}
 	if code := dispatch(context.Background(), []string{"perftest", "-test", "lat", "127.0.0.1"}, &out, &errb); code != 1 {
 		t.Errorf("unknown test: exit %d, want 1", code)
+	}
+}
+
+// TestPingZeroReads: -ird 0 -ord 0 puts IRD/ORD 0 in the client's MPA
+// request (0 is none on the command line, as in rdma_cm's conn_param).
+func TestPingZeroReads(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan wire.MPAFrame, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		hdr := make([]byte, wire.MPAHeaderLen)
+		if _, err := io.ReadFull(c, hdr); err != nil {
+			return
+		}
+		n, _ := wire.MPAFrameLen(hdr)
+		b := append(hdr, make([]byte, n-len(hdr))...)
+		io.ReadFull(c, b[len(hdr):])
+		f, _, _ := wire.ParseMPAFrame(b)
+		got <- f
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	var out, errb lockedBuf
+	dispatch(ctx, []string{"ping", "-c", "-a", "127.0.0.1", "-p", port, "-C", "1", "-ird", "0", "-ord", "0"}, &out, &errb)
+	select {
+	case f := <-got:
+		if !f.Enhanced || f.IRD != 0 || f.ORD != 0 {
+			t.Fatalf("request IRD/ORD %d/%d (enhanced %v), want 0/0", f.IRD, f.ORD, f.Enhanced)
+		}
+	case <-ctx.Done():
+		t.Fatal("no request")
 	}
 }
