@@ -171,7 +171,14 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if c.verbose {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// The client's status line, if stderr is a terminal; log lines go
+	// through it so they do not land in the middle of the line.
+	var prog *progress
+	if c.server == "" {
+		prog = newProgress(stderr, c.json)
+	}
+	defer prog.close()
+	log := slog.New(slog.NewTextHandler(prog.writer(stderr), &slog.HandlerOptions{Level: level}))
 	if c.server != "" {
 		return perfServe(ctx, c, log, stderr)
 	}
@@ -204,8 +211,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	enc := json.NewEncoder(stdout)
 	failed := 0
 	var results []perf.Result
-	prog := newProgress(stderr, len(runs), c.json)
-	defer prog.close()
+	prog.setTotal(len(runs))
 	for i, r := range runs {
 		prog.begin(i+1, fmt.Sprintf("%s %s", r.test, sizeName(r.size)))
 		o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,

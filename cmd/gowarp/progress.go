@@ -29,10 +29,10 @@ func isTerminal(w io.Writer) bool {
 // results and the status line share a screen. A nil *progress does
 // nothing but print.
 type progress struct {
-	w     io.Writer
-	total int
+	w io.Writer
 
 	mu       sync.Mutex
+	total    int
 	start    time.Time
 	run      int // 1-based index of the run going on
 	what     string
@@ -43,16 +43,42 @@ type progress struct {
 	closed   sync.Once
 }
 
-// newProgress returns a progress line on w for total runs, or nil where w
-// is not a terminal or quiet is set.
-func newProgress(w io.Writer, total int, quiet bool) *progress {
+// newProgress returns a progress line on w, or nil where w is not a
+// terminal or quiet is set.
+func newProgress(w io.Writer, quiet bool) *progress {
 	if quiet || !isTerminal(w) {
 		return nil
 	}
-	p := &progress{w: w, total: total, start: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &progress{w: w, start: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
 	go p.tick()
 	return p
 }
+
+// setTotal says how many runs there are.
+func (p *progress) setTotal(n int) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.total = n
+}
+
+// writer returns a writer to w that moves the status line out of the
+// way of what it writes (w itself if p is nil).
+func (p *progress) writer(w io.Writer) io.Writer {
+	if p == nil {
+		return w
+	}
+	return writerFunc(func(b []byte) (n int, err error) {
+		p.print(func() { n, err = w.Write(b) })
+		return n, err
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 func (p *progress) tick() {
 	defer close(p.done)

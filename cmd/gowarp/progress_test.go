@@ -88,6 +88,29 @@ func TestProgressOnTerminal(t *testing.T) {
 	}
 }
 
+// TestProgressKeepsLinesWhole: results on stdout and log lines on stderr
+// both start on a line of their own, never after the status line.
+func TestProgressKeepsLinesWhole(t *testing.T) {
+	quickProgress(t)
+	code, term, _ := ptyOutput(t, "perf", "-v", "-sweep", "-iters", "2", "-test", "read_lat")
+	if code != exitOK {
+		t.Fatalf("exit %d: %q", code, term)
+	}
+	if !strings.Contains(term, "level=DEBUG") || !strings.Contains(term, "[20/20]") {
+		t.Fatalf("no log lines or no progress:\n%q", term)
+	}
+	for i := 0; ; {
+		j := strings.Index(term[i:], "left)")
+		if j < 0 {
+			break
+		}
+		i += j + len("left)")
+		if i < len(term) && term[i] != '\r' {
+			t.Fatalf("status line followed by %q", term[i:min(len(term), i+40)])
+		}
+	}
+}
+
 // TestProgressQuiet: with -json, or when stderr is a pipe or a file,
 // there is no progress at all.
 func TestProgressQuiet(t *testing.T) {
