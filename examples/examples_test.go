@@ -277,7 +277,7 @@ func TestSharedCQ(t *testing.T) {
 	contains(t, "server", sout, `"client 0 here"`, `"client 1 here"`, `"client 2 here"`, `"sendrecv here"`, "served 4 clients from one CQ")
 }
 
-// TestExamplesFailClearly: usage errors exit 2, a client with no server
+// TestExamplesFailClearly: -h exits 0 listing the flags, usage errors exit 2, a client with no server
 // exits 1 saying why, and none hangs.
 func TestExamplesFailClearly(t *testing.T) {
 	port := func() string {
@@ -291,6 +291,11 @@ func TestExamplesFailClearly(t *testing.T) {
 	for _, e := range examples {
 		if code, out := start(t, e).wait(t); code != 2 || !strings.Contains(out, "usage: "+e) {
 			t.Errorf("%s with no arguments: exit %d, %q", e, code, out)
+		}
+		for _, side := range []string{"server", "client"} {
+			if code, out := start(t, e, side, "-h").wait(t); code != 0 || !strings.Contains(out, "-p int") || !strings.Contains(out, "(default 747") {
+				t.Errorf("%s %s -h: exit %d, %q; want 0 and the flags with defaults", e, side, code, out)
+			}
 		}
 		if code, out := start(t, e, "client", "-no-such-flag").wait(t); code != 2 {
 			t.Errorf("%s client -no-such-flag: exit %d, %q", e, code, out)
