@@ -194,3 +194,48 @@ func ExampleDevice_Events() {
 	// peer closed: true
 	// all work requests completed
 }
+
+// ExampleNoReads connects asking for no RDMA Reads either way (IRD and ORD
+// 0, as perftest's write_bw does): the peer learns it in the MPA exchange,
+// and a Read posted anyway is refused at once.
+func ExampleNoReads() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dev := gowarp.Open()
+	pd := dev.AllocPD()
+	ln, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ln.Close()
+	srvCQ := dev.NewCQ(8)
+	srv, _ := pd.NewQP(gowarp.QPConfig{SendCQ: srvCQ, RecvCQ: srvCQ})
+	defer srv.Close()
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		req, err := ln.Accept(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		ird, ord, _ := req.ReadLimits()
+		fmt.Printf("client asks IRD %d, ORD %d\n", ird, ord)
+		req.Accept(ctx, srv, gowarp.ConnectOptions{}) // the defaults, 16 and 16
+	}()
+
+	cq := dev.NewCQ(8)
+	qp, _ := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
+	defer qp.Close()
+	if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{IRD: gowarp.NoReads, ORD: gowarp.NoReads}); err != nil {
+		log.Fatal(err)
+	}
+	<-accepted
+	fmt.Printf("settled: client IRD %d ORD %d, server ORD %d\n", qp.Params().IRD, qp.Params().ORD, srv.Params().ORD)
+	sink, _ := pd.Register(make([]byte, 8), gowarp.LocalWrite)
+	err = qp.PostSend(&gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: sink, Length: 8}}, RKey: 1})
+	fmt.Println(errors.Is(err, gowarp.ErrZeroORD))
+	// Output:
+	// client asks IRD 0, ORD 0
+	// settled: client IRD 0 ORD 0, server ORD 0
+	// true
+}
