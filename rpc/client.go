@@ -34,12 +34,19 @@ type Client struct {
 
 	heap heap
 
-	ctx    context.Context // the poller's; canceled by Close
-	stop   context.CancelFunc
+	// lead is held by the one caller that polls the completion queue for
+	// everyone: a waiting caller receives its own reply on its own
+	// goroutine (the CQ's inline receive) when nobody else is polling, and
+	// otherwise is handed it. No goroutine of the session's own.
+	lead   chan struct{}
+	wc     [64]gowarp.Completion // the leader's
 	closed chan struct{}
-	once   sync.Once
+	// done is canceled with the session: it stops a reaper's wait.
+	done      context.Context
+	stop      context.CancelFunc
+	abandoned atomic.Int32 // calls given up on, whose replies are still to come
+	once      sync.Once
 	err    error // why the session ended; read after closed
-	polled chan struct{}
 }
 
 // Slot states.
@@ -69,7 +76,7 @@ type clientSlot struct {
 // Dial connects a session to the server at addr (host:port).
 func Dial(ctx context.Context, dev *gowarp.Device, addr string, o Options) (*Client, error) {
 	o = o.withDefaults()
-	c := &Client{pd: dev.AllocPD(), log: o.Logger, maxMsg: o.MaxMessage, closed: make(chan struct{}), polled: make(chan struct{})}
+	c := &Client{pd: dev.AllocPD(), log: o.Logger, maxMsg: o.MaxMessage, closed: make(chan struct{}), lead: make(chan struct{}, 1)}
 	n := o.Slots
 	c.cq = dev.NewCQ(2*n + cancelCredits + 16)
 	qp, err := c.pd.NewQP(gowarp.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, SendDepth: n + cancelCredits + 8, RecvDepth: n})
@@ -117,8 +124,7 @@ func Dial(ctx context.Context, dev *gowarp.Device, addr string, o Options) (*Cli
 		c.free <- uint16(i)
 	}
 	c.heap.init(o.HeapSize)
-	c.ctx, c.stop = context.WithCancel(context.Background())
-	go c.poll()
+	c.done, c.stop = context.WithCancel(context.Background())
 	return c, nil
 }
 
@@ -200,15 +206,30 @@ func (c *Client) Do(ctx context.Context, cl *Call) error {
 		c.free <- i
 		return fmt.Errorf("rpc: %s: %w: %w", cl.Method, ErrSessionClosed, err)
 	}
-	select {
-	case <-s.done:
-	case <-ctx.Done():
-		if s.state.CompareAndSwap(slotWaiting, slotAbandoned) {
-			c.sendCancel(s)
-			c.revoke(s)
-			return fmt.Errorf("rpc: %s: %w", cl.Method, ctx.Err())
+wait:
+	for {
+		select {
+		case <-s.done:
+			break wait
+		case c.lead <- struct{}{}:
+			c.pollFor(ctx, s)
+			<-c.lead
+			if s.state.Load() == slotDone {
+				<-s.done
+				break wait
+			}
+		case <-ctx.Done():
+			if s.state.CompareAndSwap(slotWaiting, slotAbandoned) {
+				if c.abandoned.Add(1) == 1 {
+					go c.reap()
+				}
+				c.sendCancel(s)
+				c.revoke(s)
+				return fmt.Errorf("rpc: %s: %w", cl.Method, ctx.Err())
+			}
+			<-s.done // the reply is being delivered
+			break wait
 		}
-		<-s.done // the reply is being delivered
 	}
 	err := s.err
 	c.revoke(s)
@@ -290,30 +311,74 @@ func (c *Client) sendCancel(s *clientSlot) {
 	_ = c.qp.PostSend(&wr) // a session that is gone needs no cancel
 }
 
-func (c *Client) poll() {
-	defer close(c.polled)
-	var wc [64]gowarp.Completion
-	for {
-		if err := c.cq.Wait(c.ctx); err != nil {
-			c.fail(err)
+// reap polls while calls that were given up on still wait for their
+// replies and no caller does: their slots come back even if no call
+// follows.
+func (c *Client) reap() {
+	select {
+	case c.lead <- struct{}{}:
+	case <-c.closed:
+		return
+	}
+	defer func() { <-c.lead }()
+	for c.abandoned.Load() > 0 {
+		select {
+		case <-c.closed:
+			return
+		default:
+		}
+		if err := c.cq.Wait(c.done); err != nil {
+			if c.done.Err() == nil {
+				c.fail(err)
+			}
 			return
 		}
-		n := c.cq.Poll(wc[:])
-		for k := range wc[:n] {
-			w := &wc[k]
-			if err := w.Err(); err != nil {
-				c.fail(errors.Join(err, c.qp.Err()))
-				return
-			}
-			if w.Op != gowarp.CompRecv {
-				continue
-			}
-			if err := c.onReply(int(w.ID), w.Bytes); err != nil {
-				c.fail(err)
-				return
-			}
+		if !c.dispatch() {
+			return
 		}
 	}
+}
+
+// pollFor polls the completion queue, delivering replies to whoever
+// waits for them, until slot s has its reply, ctx ends or the session
+// fails.
+func (c *Client) pollFor(ctx context.Context, s *clientSlot) {
+	for s.state.Load() != slotDone {
+		select {
+		case <-c.closed:
+			return
+		default:
+		}
+		if err := c.cq.Wait(ctx); err != nil {
+			if ctx.Err() == nil {
+				c.fail(err)
+			}
+			return
+		}
+		if !c.dispatch() {
+			return
+		}
+	}
+}
+
+// dispatch delivers the completions waiting; false if the session failed.
+func (c *Client) dispatch() bool {
+	n := c.cq.Poll(c.wc[:])
+	for k := range c.wc[:n] {
+		w := &c.wc[k]
+		if err := w.Err(); err != nil {
+			c.fail(errors.Join(err, c.qp.Err()))
+			return false
+		}
+		if w.Op != gowarp.CompRecv {
+			continue
+		}
+		if err := c.onReply(int(w.ID), w.Bytes); err != nil {
+			c.fail(err)
+			return false
+		}
+	}
+	return true
 }
 
 // onReply delivers the reply in receive buffer k and reposts the buffer.
@@ -347,6 +412,7 @@ func (c *Client) onReply(k, n int) error {
 		deliver = true
 	case s.state.CompareAndSwap(slotAbandoned, slotIdle):
 		s.reply = nil
+		c.abandoned.Add(-1)
 	default:
 		return fmt.Errorf("%w: second reply to call %#x", ErrMalformed, r.ID)
 	}
@@ -364,9 +430,6 @@ func (c *Client) onReply(k, n int) error {
 // fail ends the session: every outstanding call gets err.
 func (c *Client) fail(err error) {
 	c.once.Do(func() {
-		if c.ctx.Err() != nil {
-			err = nil
-		}
 		c.err = err
 		close(c.closed)
 		c.stop()
@@ -400,8 +463,6 @@ func (c *Client) Err() error {
 
 // Close ends the session; outstanding calls fail with ErrSessionClosed.
 func (c *Client) Close() error {
-	c.stop()
 	c.fail(nil)
-	<-c.polled
 	return nil
 }
