@@ -3,6 +3,7 @@ package gowarp_test
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -200,4 +201,17 @@ func TestEventsUnread(t *testing.T) {
 			t.Fatalf("event %v", e.Type)
 		}
 	}
+}
+
+// TestEventLinkLost: a connection reset by the peer is a fatal error whose
+// reason matches ErrLinkLost.
+func TestEventLinkLost(t *testing.T) {
+	s := newServer(t, gowarp.ConnectOptions{})
+	peer, _ := dialRaw(t, s.ln.Addr().String(), false, 1, 1)
+	qp := s.accepted(t)
+	peer.c.(*net.TCPConn).SetLinger(0) // close with a reset
+	peer.c.Close()
+	ev := &eventLog{dev: s.dev}
+	ev.expect(t, qp, gowarp.EventQPFatal, gowarp.ErrLinkLost)
+	ev.expect(t, qp, gowarp.EventLastWQE, gowarp.ErrLinkLost)
 }
