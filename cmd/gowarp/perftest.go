@@ -11,7 +11,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/internal/perftest"
@@ -55,7 +54,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&o.Iters, "n", perftest.DefaultIters, "`iterations`")
 	fs.IntVar(&o.TxDepth, "t", perftest.DefaultTxDepth, "work requests outstanding (tx depth)")
 	fs.IntVar(&o.RxDepth, "r", perftest.DefaultRxDepth, "send_bw: the server's rx depth (perftest -r)")
-	fs.DurationVar(&o.Settle, "settle", time.Second, "wait after the control connection before the first message (perftest: 1 s)")
+	fs.DurationVar(&o.Settle, "settle", 0, "wait after the control connection before the first message (perftest's client waits 1 s;\ngowarp needs no wait: its queue pair wakes a siw server that missed the first message)")
 	fs.BoolVar(&o.Connect.CRC, "crc", false, "ask for MPA CRC32c on both connections")
 	fs.IntVar(&o.Connect.MPARevision, "mpa-rev", 2, "MPA revision, 1 or 2")
 	p2p := fs.Bool("p2p", false, "offer MPA peer-to-peer mode (perftest on siw does not)")

@@ -62,7 +62,7 @@ func pingFlags(stderr io.Writer) (*flag.FlagSet, *pingConfig) {
 	fs.IntVar(&c.conn.ORD, "ord", 1, "outbound RDMA Reads the client asks for (rping: 1; 0: none)")
 	fs.IntVar(&c.pd, "pd", 0, "send `N` bytes of private data in the MPA request (at most 252 to interoperate with siw)")
 	fs.BoolVar(&c.debug, "d", false, "log connection events and protocol errors to stderr")
-	fs.DurationVar(&c.nudge, "nudge", 200*time.Millisecond, "client: after this long without an answer to its first message, send a zero-length RDMA Write\n(siw's server can miss a message that arrives while it accepts; 0: never)")
+	fs.DurationVar(&c.nudge, "nudge", 200*time.Millisecond, "client: while the server has sent nothing, send a zero-length RDMA Write after this long of quiet\n(siw's server can miss a message that arrives while it accepts; gowarp.ConnectOptions.NoNudge; 0: never)")
 	return fs, c
 }
 
@@ -121,6 +121,7 @@ func pingMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			*v = gowarp.NoReads
 		}
 	}
+	c.conn.NudgeEvery, c.conn.NoNudge = c.nudge, c.nudge <= 0
 	if c.pd > 0 {
 		c.conn.PrivateData = bytes.Repeat([]byte{'g'}, c.pd)
 	}
@@ -142,7 +143,7 @@ func pingMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return 2
 		}
 		r, err := rping.Ping(ctx, dev, addr, rping.ClientOptions{
-			Size: c.size, Count: c.count, Validate: c.validate, Verbose: verbose, Connect: c.conn, Nudge: c.nudge})
+			Size: c.size, Count: c.count, Validate: c.validate, Verbose: verbose, Connect: c.conn})
 		if err != nil && !(c.count == 0 && errors.Is(err, context.Canceled)) {
 			fmt.Fprintf(stderr, "gowarp ping: client failed after %d pings: %v\n", r.Pings, err)
 			return 1

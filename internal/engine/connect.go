@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/gowarp/gowarp/internal/cm"
 )
@@ -33,6 +35,19 @@ type ConnectOptions struct {
 	// MaxFPDU sets the size of full FPDUs on the wire; 0 sizes them to the
 	// TCP segment, as siw does.
 	MaxFPDU int
+	// NoNudge turns off the zero-length RDMA Writes with which a
+	// connecting queue pair wakes a responder that has not answered yet.
+	// Linux siw's responder sends its MPA reply before it hands the
+	// socket to its queue pair, and bytes that arrive in between stay
+	// unread until more bytes come (docs/interop.md §1): a first message
+	// sent at once may never be answered. So, by default, while the peer
+	// has sent nothing, a connecting queue pair that has sent something
+	// and been quiet for NudgeEvery sends a zero-length Write (STag 1, as
+	// siw's own ready-to-receive message; RFC 5040 places nothing for it),
+	// for the first 20 × NudgeEvery after connecting. Accept sends none.
+	NoNudge bool
+	// NudgeEvery is that quiet interval (default 200 ms).
+	NudgeEvery time.Duration
 }
 
 // NoReads as ConnectOptions.IRD or ORD asks for none: IRD 0 serves no
@@ -40,6 +55,9 @@ type ConnectOptions struct {
 // clients that do not read ask). It is negative so that the zero value
 // of ConnectOptions keeps meaning the defaults.
 const NoReads = -1
+
+// Nudges are sent for the first nudgeTicks × NudgeEvery of a connection.
+const nudgeTicks = 20
 
 func (o *ConnectOptions) cm() cm.Options {
 	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P}
@@ -64,7 +82,7 @@ func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 		q.Close()
 		return fmt.Errorf("gowarp: connect %s: %w", addr, err)
 	}
-	return q.begin(c, r, &o)
+	return q.begin(c, r, &o, true)
 }
 
 // Accept accepts a connection request read by a listener on this idle
@@ -79,14 +97,17 @@ func (q *QP) Accept(ctx context.Context, c net.Conn, req *cm.Request, o ConnectO
 		q.Close()
 		return err
 	}
-	return q.begin(c, r, &o)
+	return q.begin(c, r, &o, false)
 }
 
-func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions) error {
+func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions, initiator bool) error {
 	q.mu.Lock()
 	q.peerData = append([]byte(nil), r.PrivateData...)
 	q.mu.Unlock()
 	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx, MaxFPDU: o.MaxFPDU}
+	if initiator && !o.NoNudge {
+		p.Nudge = cmp.Or(o.NudgeEvery, 200*time.Millisecond)
+	}
 	if err := q.Start(NewLink(c), p); err != nil {
 		c.Close()
 		return err

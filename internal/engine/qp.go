@@ -112,6 +112,10 @@ type Params struct {
 	// MaxFPDU is the size on the wire of a full FPDU; 0 sizes FPDUs to
 	// the TCP segment, as siw does.
 	MaxFPDU int
+	// Nudge, when not zero, makes the queue pair wake a peer that has
+	// sent nothing yet with zero-length Writes, after each Nudge of quiet
+	// (see ConnectOptions.NoNudge).
+	Nudge time.Duration
 }
 
 type sqEntry struct {
@@ -200,6 +204,10 @@ type QP struct {
 
 	rx     rxState
 	peerUp atomic.Bool // the peer's first FPDU has arrived
+	heard  atomic.Bool // the peer has sent an FPDU's first bytes
+
+	nudgeDue bool         // a zero-length Write is to be framed; under mu
+	nudges   atomic.Int32 // zero-length Writes sent to wake the peer
 
 	// The receive path is held by the receive goroutine or, inline, by a
 	// goroutine waiting for this QP (rxMu). rxYield asks the receive
@@ -299,11 +307,51 @@ func (q *QP) Start(link Link, p Params) error {
 	q.wg.Add(2)
 	go q.rxLoop()
 	go q.txLoop()
+	if p.Nudge > 0 {
+		q.wg.Add(1)
+		go q.nudgeLoop(p.Nudge)
+	}
 	if p.SendRTR != 0 {
 		q.kick()
 	}
 	return nil
 }
+
+// nudgeLoop wakes a peer that may have missed what this side sent while
+// it was accepting (siw: docs/interop.md §1). While the peer has sent
+// nothing, each tick at which this side has sent something and nothing
+// more since the last tick frames a zero-length Write; the bytes it
+// brings make such a peer read the ones it missed. It gives up after
+// nudgeTicks ticks: by then a responder has long finished accepting.
+func (q *QP) nudgeLoop(every time.Duration) {
+	defer q.wg.Done()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var last uint64
+	for range nudgeTicks {
+		select {
+		case <-q.done:
+			return
+		case <-tick.C:
+		}
+		if q.heard.Load() || q.State() != StateReady {
+			return
+		}
+		q.mu.Lock()
+		sent := q.tx.built
+		if sent == 0 || sent != last || q.txBusy {
+			last = sent
+			q.mu.Unlock()
+			continue
+		}
+		q.nudgeDue = true
+		q.kickLocked()
+	}
+}
+
+// Nudges returns how many zero-length Writes the queue pair sent to wake
+// a peer that had not answered yet (see ConnectOptions.NoNudge).
+func (q *QP) Nudges() int { return int(q.nudges.Load()) }
 
 // PostSend queues a send-queue work request.
 func (q *QP) PostSend(wr *SendWR) error {

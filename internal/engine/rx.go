@@ -455,6 +455,9 @@ func (r *rxState) fpdu() error {
 	if err := r.fill(2, true); err != nil {
 		return err
 	}
+	if !q.heard.Load() {
+		q.heard.Store(true) // the peer's queue pair is reading: no nudges (nudgeLoop)
+	}
 	r.ulen = int(binary.BigEndian.Uint16(r.buf[r.r:]))
 	r.hlen = min(r.ulen, maxHead)
 	if err := r.fill(2+r.hlen, false); err != nil {

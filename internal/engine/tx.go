@@ -228,6 +228,11 @@ func (t *txState) build() {
 		}
 		t.rtrSent = true
 	}
+	if q.nudgeDue {
+		q.nudgeDue = false
+		q.nudges.Add(1)
+		t.frameNudge()
+	}
 	if !q.peerUp.Load() {
 		return // a responder speaks only after the initiator's first FPDU
 	}
@@ -570,6 +575,15 @@ func (t *txState) frameTerminate(term *wire.Terminate) {
 	h := header(wire.OpTerminate)
 	h.Last, h.MSN = true, 1
 	t.frame(&h, term.Append, nil, 0)
+}
+
+// frameNudge frames a zero-length Write to STag 1: it places nothing
+// (RFC 5040 checks no STag for it) and completes nothing, it only brings
+// the peer new bytes (see QP.nudgeLoop).
+func (t *txState) frameNudge() {
+	h := header(wire.OpWrite)
+	h.Last, h.STag = true, 1
+	t.frame(&h, nil, nil, 0)
 }
 
 // frameRTR frames the peer-to-peer ready-to-receive message (RFC 6581 §5):

@@ -56,7 +56,9 @@ type Options struct {
 	// IRD and ORD are set per test as perftest does.
 	Connect gowarp.ConnectOptions
 	// Settle is how long the client waits after the control connection is
-	// up before its first message (perftest sleeps 1 s in write_bw).
+	// up before its first message (perftest sleeps 1 s in write_bw). None
+	// is needed: the queue pair wakes a siw server that missed the first
+	// message while it accepted (gowarp.ConnectOptions.NoNudge).
 	Settle time.Duration
 	// DataTries and DataGap bound the retries of the data connection: the
 	// server listens for it only after the first handshake (perftest

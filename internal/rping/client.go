@@ -21,12 +21,9 @@ type ClientOptions struct {
 	// Connect tunes the connection. rping's client asks for IRD = ORD = 1
 	// and no peer-to-peer mode; the server reads from the client, so IRD
 	// must be at least 1.
+	// Its queue pair wakes a siw server that missed the first message
+	// while accepting (see gowarp.ConnectOptions.NoNudge).
 	Connect gowarp.ConnectOptions
-	// Nudge, when not zero, is how long the client waits for the answer
-	// to its first message before it sends a zero-length RDMA Write to
-	// unstick a siw server that missed the message (see waitNudging).
-	// Zero for none.
-	Nudge time.Duration
 }
 
 // ErrMismatch is returned by a validating client whose echoed data differs
@@ -38,7 +35,7 @@ type Result struct {
 	Pings   int           // completed pings
 	Elapsed time.Duration // from the first advertisement to the last go-ahead
 	MinRTT  time.Duration // fastest ping, advertisement to final go-ahead
-	Nudges  int           // zero-length Writes the first ping needed
+	Nudges  int           // zero-length Writes the queue pair sent to wake the server (QP.Nudges)
 }
 
 // Ping connects to an rping server at addr (host:port) and pings it.
@@ -83,13 +80,7 @@ func Ping(ctx context.Context, dev *gowarp.Device, addr string, o ClientOptions)
 			return r, err
 		}
 		// The server has read the start buffer.
-		wait := c.wait
-		if ping == 0 && o.Nudge > 0 {
-			wait = func(ctx context.Context, op gowarp.CompletionOp) (gowarp.Completion, error) {
-				return c.waitNudging(ctx, op, o.Nudge, 20)
-			}
-		}
-		if _, err := c.recvInfoWith(ctx, wait); err != nil {
+		if _, err := c.recvInfo(ctx); err != nil {
 			return r, ctxErr(ctx, fmt.Errorf("ping %d, waiting for the server's read: %w", ping, err))
 		}
 		if err := c.sendInfo(Info{Buf: sink.Addr(), RKey: uint32(sink.STag()), Size: uint32(o.Size)}); err != nil {
@@ -111,7 +102,7 @@ func Ping(ctx context.Context, dev *gowarp.Device, addr string, o ClientOptions)
 		}
 		r.Pings++
 		r.Elapsed = time.Since(t0)
-		r.Nudges = c.nudges
+		r.Nudges = c.qp.Nudges()
 	}
 	// rping disconnects when its count is done; the server sees the close.
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -28,7 +27,6 @@ type conn struct {
 	// norecv is why the receive could not be reposted: the queue pair
 	// failed after the last message arrived.
 	norecv error
-	nudges int // zero-length Writes sent by waitNudging
 }
 
 // sqDepth and the receive depth are rping's (RPING_SQ_DEPTH, max_recv_wr).
@@ -106,17 +104,13 @@ func (c *conn) failure(w gowarp.Completion, err error) error {
 // recvInfo waits for the peer's next message, reposts the receive and
 // decodes the message.
 func (c *conn) recvInfo(ctx context.Context) (Info, error) {
-	return c.recvInfoWith(ctx, c.wait)
-}
-
-func (c *conn) recvInfoWith(ctx context.Context, wait func(context.Context, gowarp.CompletionOp) (gowarp.Completion, error)) (Info, error) {
 	if c.norecv != nil {
 		if errors.Is(c.qp.Err(), gowarp.ErrPeerClosed) {
 			return Info{}, ErrDisconnected
 		}
 		return Info{}, c.norecv
 	}
-	w, err := wait(ctx, gowarp.CompRecv)
+	w, err := c.wait(ctx, gowarp.CompRecv)
 	if err != nil {
 		return Info{}, err
 	}
@@ -133,33 +127,3 @@ func (c *conn) recvInfoWith(ctx context.Context, wait func(context.Context, gowa
 }
 
 func (c *conn) close() { c.qp.Close() }
-
-// nudge posts a zero-length RDMA Write: it names STag 1, as siw's own
-// ready-to-receive Write does, and a responder places nothing for it
-// (RFC 6581 uses it for the same reason). Its only effect is that new
-// bytes arrive at the peer.
-func (c *conn) nudge() error {
-	return c.qp.PostSend(&gowarp.SendWR{ID: 5, Op: gowarp.OpWrite, RKey: 1})
-}
-
-// waitNudging is wait for the first answer of a session. siw's responder
-// sends its MPA reply before it hands the socket to the queue pair
-// (siw_accept: siw_send_mpareqrep, then siw_qp_socket_assoc); an FPDU
-// that arrives in between stays unread until more bytes arrive. When no
-// answer comes within every, a zero-length Write brings those bytes, up
-// to tries times (see docs/interop.md).
-func (c *conn) waitNudging(ctx context.Context, op gowarp.CompletionOp, every time.Duration, tries int) (gowarp.Completion, error) {
-	for range tries {
-		wctx, cancel := context.WithTimeout(ctx, every)
-		w, err := c.wait(wctx, op)
-		cancel()
-		if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
-			return w, err
-		}
-		if err := c.nudge(); err != nil {
-			return gowarp.Completion{}, err
-		}
-		c.nudges++
-	}
-	return c.wait(ctx, op)
-}

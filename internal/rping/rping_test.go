@@ -187,9 +187,9 @@ func TestBadAdvertisement(t *testing.T) {
 	}
 }
 
-// TestNudge: a server that answers the first message late gets
-// zero-length Writes meanwhile, which change nothing, and the session
-// goes on.
+// TestNudge: a server that answers the first message late gets the
+// queue pair's zero-length Writes meanwhile (gowarp.ConnectOptions.NoNudge),
+// which change nothing, and the session goes on.
 func TestNudge(t *testing.T) {
 	ctx, dev, ln := setup(t)
 	errc := make(chan error, 1)
@@ -220,7 +220,7 @@ func TestNudge(t *testing.T) {
 		}()
 	}()
 	r, err := Ping(ctx, gowarp.Open(), ln.Addr().String(), ClientOptions{Count: 2, Validate: true,
-		Connect: gowarp.ConnectOptions{NoP2P: true}, Nudge: 50 * time.Millisecond})
+		Connect: gowarp.ConnectOptions{NoP2P: true, NudgeEvery: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
