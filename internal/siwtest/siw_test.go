@@ -121,6 +121,10 @@ func TestSIW(t *testing.T) {
 		t.Run(c.name(), func(t *testing.T) { s.perftest(t, c) })
 	}
 
+	// rdma-core's rdma_server and rdma_client, 20 sessions each way.
+	t.Run("rdma_server/gowarp-client", s.rdmaServerClient)
+	t.Run("rdma_client/gowarp-server", s.rdmaClientServer)
+
 	// Terminate, both ways.
 	t.Run("terminate/siw-sends", s.siwSendsTerminate)
 	t.Run("terminate/gowarp-sends", s.gowarpSendsTerminate)
