@@ -58,10 +58,11 @@ func main() {
 	msg := fs.String("msg", "hello, server", "the request's text (cut or zero-padded to -size)")
 	p2p := fs.Bool("p2p", false, "ask for MPA peer-to-peer mode (rdma_cm on siw does not)")
 	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long")
+	noNudge := fs.Bool("nonudge", false, "do not wake a server that missed the request while it accepted (gowarp.ConnectOptions.NoNudge;\nsiw's rdma_server then never answers in some sessions)")
 	fs.Parse(os.Args[2:])
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	o := gowarp.ConnectOptions{CRC: *crc, NoP2P: !*p2p}
+	o := gowarp.ConnectOptions{CRC: *crc, NoP2P: !*p2p, NoNudge: *noNudge}
 	if err := request(ctx, net.JoinHostPort(*server, strconv.Itoa(*port)), *size, *msg, o); err != nil {
 		log.Fatal(err)
 	}
@@ -105,6 +106,10 @@ func request(ctx context.Context, addr string, size int, msg string, o gowarp.Co
 		if c.Op == gowarp.CompRecv {
 			fmt.Printf("reply: %q (%d bytes)\n", bytes.TrimRight(buf[size:size+c.Bytes], "\x00"), c.Bytes)
 		}
+	}
+	if n := qp.Nudges(); n > 0 {
+		// siw's server had missed the request (see ConnectOptions.NoNudge).
+		fmt.Printf("woke the server with %d zero-length Writes\n", n)
 	}
 	return qp.Disconnect(ctx)
 }
