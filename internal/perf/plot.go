@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"image/color"
@@ -243,7 +244,7 @@ func drawPanel(pn panel, results []Result) (*plot.Plot, error) {
 		if len(xys) == 0 {
 			continue
 		}
-		slices.SortFunc(xys, func(a, b plotter.XY) int { return int(a.X - b.X) })
+		slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
 		line, points, err := plotter.NewLinePoints(xys)
 		if err != nil {
 			return nil, err
