@@ -19,6 +19,8 @@
 // Environment: GOWARP_SIWVM=1 runs the suite; GOWARP_SIWVM_REPORT=FILE
 // writes its summary table there; GOWARP_SIWVM_DEBUG=1 turns siw's
 // dynamic debug on (MPA and QP events in the guest's dmesg; slower);
+// GOWARP_SIWVM_NONUDGE=1 runs the rdma_server scenario's client with
+// -nonudge, to show siw's accept window (docs/interop.md §1);
 // GOWARP_SIWVM_ACCEL=kvm|tcg picks QEMU's accelerator; GOWARP_SIWVM_CACHE
 // and GOWARP_SIWVM_MIRROR are internal/guest's cache directory and Debian
 // mirror; GOWARP_SIWVM_RUNDIR=DIR with GOWARP_SIWVM_PORTS=rping,perftest,serve
