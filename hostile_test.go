@@ -624,3 +624,24 @@ func TestResponderSilentUntilFirstFPDU(t *testing.T) {
 		t.Fatalf("after the first FPDU: %+v %q %v", h, payload, err)
 	}
 }
+
+// TestResponderSendFirst: with SendFirst a responder without peer-to-peer
+// mode sends at once, before the initiator's first FPDU, as siw does (for
+// perftest's write_lat, whose server Writes first).
+func TestResponderSendFirst(t *testing.T) {
+	s := newServer(t, gowarp.ConnectOptions{SendFirst: true})
+	p, rep := dialRaw(t, s.ln.Addr().String(), false, 1, 1)
+	if rep.P2P {
+		t.Fatal("reply offers peer-to-peer mode to a request that did not ask")
+	}
+	qp := s.accepted(t)
+	src, _ := s.pd.Register([]byte("hello"), 0)
+	if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 5}}}); err != nil {
+		t.Fatal(err)
+	}
+	p.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	h, payload, err := p.next()
+	if err != nil || h.Opcode != wire.OpSend || string(payload[:5]) != "hello" {
+		t.Fatalf("the responder's first FPDU: %+v %q %v", h, payload, err)
+	}
+}

@@ -32,6 +32,14 @@ type ConnectOptions struct {
 	// By default revision 2 connections use peer-to-peer mode with a
 	// ready-to-receive message, so either side may send first.
 	NoP2P bool
+	// SendFirst lets a responder send before the initiator's first FPDU
+	// when peer-to-peer mode is not in use, as siw does. RFC 5044 §7.1.2
+	// has it wait, and so does gowarp by default; a protocol whose server
+	// speaks first on a connection without peer-to-peer mode needs this
+	// (perftest's write_lat over rdma_cm, which siw's clients speak), and
+	// must itself make sure the initiator is ready (perftest syncs over its
+	// control connection first). Initiators ignore it.
+	SendFirst bool
 	// MaxFPDU sets the size of full FPDUs on the wire; 0 sizes them to the
 	// TCP segment, as siw does.
 	MaxFPDU int
@@ -104,7 +112,7 @@ func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions, initiator bool) e
 	q.mu.Lock()
 	q.peerData = append([]byte(nil), r.PrivateData...)
 	q.mu.Unlock()
-	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx, MaxFPDU: o.MaxFPDU}
+	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx && !o.SendFirst, MaxFPDU: o.MaxFPDU}
 	if initiator && !o.NoNudge {
 		p.Nudge = cmp.Or(o.NudgeEvery, 200*time.Millisecond)
 	}
