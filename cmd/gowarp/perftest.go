@@ -17,24 +17,27 @@ import (
 )
 
 func init() {
-	register("perftest", "client of perftest's -R bandwidth servers (ib_write_bw, ib_read_bw, ib_send_bw)", perftestMain)
+	register("perftest", "perftest's -R tests both ways: client or server of ib_{write,read,send}_{bw,lat}", perftestMain)
 }
 
-const perftestUsage = `usage: gowarp perftest [flags] write_bw|read_bw|send_bw HOST[:PORT]
+const perftestUsage = `usage: gowarp perftest [flags] TEST [HOST[:PORT]]
 
-The client side of linux-rdma/perftest's bandwidth tests over rdma_cm:
-start "ib_write_bw -R" (or ib_read_bw, ib_send_bw) on the server, for
-instance siw's, then run
+TEST is write_bw, read_bw, send_bw, write_lat, read_lat or send_lat:
+linux-rdma/perftest's tests over rdma_cm (-R). With a HOST, gowarp is the
+client of a perftest server ("ib_write_lat -R" on the other machine, for
+instance siw's); without one it is the server that a perftest client
+("ib_write_lat -R HOST") runs against, serving one run and exiting:
 
-  gowarp perftest -s 65536 -n 5000 write_bw 10.0.0.2
+  gowarp perftest write_lat                 # then: ib_write_lat -R HOST
+  gowarp perftest -s 65536 write_bw 10.0.0.2  # against: ib_write_bw -R
 
-It speaks perftest's -R control exchange (version, parameters, keys,
-reports) as perftest 4.5-0.17 ("6.06") does, connects the data queue pair,
-runs the test and prints perftest's figures as measured here. For
-write_bw and read_bw it sends them to the server, which prints them; for
-send_bw the server measures and prints its own. Give the server's -n to
-send_bw: its server posts exactly that many receives, and iWARP has no
-receiver-not-ready retry.
+It speaks perftest's -R control exchange as perftest 4.5-0.17 ("6.06")
+does and prints perftest's table: the bandwidth tests' figures (the
+write_bw and read_bw servers print the client's, as perftest's do) or the
+latency tests' (one-way for write_lat and send_lat, the round trip for
+read_lat, which only its client measures). Give both sides the same -s
+and -n, as with perftest: a send_bw server posts receives for exactly -n
+messages, and iWARP has no receiver-not-ready retry.
 
 flags:
 `
@@ -47,17 +50,18 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		printFlags(fs)
 	}
 	var o perftest.Options
-	test := fs.String("test", "", "`test`: write_bw, read_bw or send_bw (or the first argument)")
-	client := fs.String("client", "", "server `ADDR` (host or host:port; or the last argument)")
-	port := fs.Int("p", perftest.DefaultPort, "server `port` when the address has none")
-	fs.IntVar(&o.Size, "s", perftest.DefaultSize, "message size in `bytes`")
-	fs.IntVar(&o.Iters, "n", perftest.DefaultIters, "`iterations`")
-	fs.IntVar(&o.TxDepth, "t", perftest.DefaultTxDepth, "work requests outstanding (tx depth)")
-	fs.IntVar(&o.RxDepth, "r", perftest.DefaultRxDepth, "send_bw: the server's rx depth (perftest -r)")
-	fs.DurationVar(&o.Settle, "settle", 0, "wait after the control connection before the first message (perftest's client waits 1 s;\ngowarp needs no wait: its queue pair wakes a siw server that missed the first message)")
-	fs.BoolVar(&o.Connect.CRC, "crc", false, "ask for MPA CRC32c on both connections")
-	fs.IntVar(&o.Connect.MPARevision, "mpa-rev", 2, "MPA revision, 1 or 2")
-	p2p := fs.Bool("p2p", false, "offer MPA peer-to-peer mode (perftest on siw does not)")
+	test := fs.String("test", "", "`test`: write_bw, read_bw, send_bw, write_lat, read_lat or send_lat (or the first argument)")
+	client := fs.String("client", "", "server `ADDR` to run against (host or host:port; or the last argument); none: serve")
+	bind := fs.String("a", "", "server: listen on `ADDR` (host, or host:port; all interfaces when empty)")
+	port := fs.Int("p", perftest.DefaultPort, "`port` to connect to or listen on when the address has none")
+	fs.IntVar(&o.Size, "s", 0, "message size in `bytes` (0: perftest's, 65536 for bw, 2 for lat)")
+	fs.IntVar(&o.Iters, "n", 0, "`iterations` (0: perftest's, 5000 for write_bw, 1000 otherwise)")
+	fs.IntVar(&o.TxDepth, "t", perftest.DefaultTxDepth, "bandwidth clients: work requests outstanding (tx depth)")
+	fs.IntVar(&o.RxDepth, "r", perftest.DefaultRxDepth, "send tests: rx depth (perftest -r; at most -n)")
+	fs.DurationVar(&o.Settle, "settle", 0, "client: wait after the control connection before the first message (perftest's client waits 1 s;\ngowarp needs no wait: its queue pair wakes a siw server that missed the first message)")
+	fs.BoolVar(&o.Connect.CRC, "crc", false, "ask for MPA CRC32c on both connections (a server turns it on in its reply)")
+	fs.IntVar(&o.Connect.MPARevision, "mpa-rev", 2, "client: MPA revision, 1 or 2")
+	p2p := fs.Bool("p2p", false, "client: offer MPA peer-to-peer mode (perftest on siw does not)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	verbose := fs.Bool("v", false, "log each protocol step to stderr")
 	debug := fs.Bool("d", false, "log gowarp's connection events and protocol errors to stderr")
@@ -80,25 +84,27 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	for _, p := range pos {
 		switch {
-		case *test == "" && strings.HasSuffix(p, "_bw"):
+		case *test == "" && (strings.HasSuffix(p, "_bw") || strings.HasSuffix(p, "_lat")):
 			*test = p
 		case *client == "":
 			*client = p
 		default:
 			fmt.Fprintf(stderr, "gowarp perftest: unexpected argument %q\n", p)
 			fs.Usage()
-			return 2
+			return exitUsage
 		}
 	}
 	o.Test = perftest.Test(*test)
-	if o.Test == "" || *client == "" {
-		fmt.Fprintln(stderr, "gowarp perftest: give a test and the server's address")
+	if o.Test == "" {
+		fmt.Fprintln(stderr, "gowarp perftest: give a test")
 		fs.Usage()
-		return 2
+		return exitUsage
 	}
-	o.Addr = *client
-	if _, _, err := net.SplitHostPort(o.Addr); err != nil {
-		o.Addr = net.JoinHostPort(o.Addr, strconv.Itoa(*port))
+	// perftest's defaults, filled in here so that a bad value is a usage
+	// error and the table shows what ran.
+	if err := perftest.Fill(&o); err != nil {
+		fmt.Fprintln(stderr, "gowarp perftest:", err)
+		return exitUsage
 	}
 	o.Connect.NoP2P = !*p2p
 	if *verbose {
@@ -108,52 +114,39 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *debug {
 		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	r, err := perftest.Run(ctx, gowarp.Open(gowarp.WithLogger(logger)), o)
+	dev := gowarp.Open(gowarp.WithLogger(logger))
+	withPort := func(addr string) string {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return net.JoinHostPort(addr, strconv.Itoa(*port))
+		}
+		return addr
+	}
+	var r *perftest.Result
+	var err error
+	if *client != "" {
+		o.Addr = withPort(*client)
+		r, err = perftest.Run(ctx, dev, o)
+	} else {
+		ln, lerr := dev.Listen(withPort(*bind))
+		if lerr != nil {
+			fmt.Fprintln(stderr, "gowarp perftest:", lerr)
+			return exitFailure
+		}
+		defer ln.Close()
+		if !*asJSON {
+			fmt.Fprintf(stdout, "gowarp perftest %s: waiting for a client on %v\n", o.Test, ln.Addr())
+		}
+		r, err = perftest.Serve(ctx, dev, ln, o)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "gowarp perftest:", err)
-		return 1
+		return exitFailure
 	}
 	if *asJSON {
-		out := map[string]any{
-			"test": o.Test, "size": r.Local.Size, "iters": r.Local.Iters,
-			"bw_peak_MBps": r.Local.BWPeak, "bw_avg_MBps": r.Local.BWAvg, "msg_rate_Mpps": r.Local.MsgRateMpps,
-			"server_version": r.ServerVersion,
-		}
-		if r.Remote.Plausible(o.Size) {
-			out["server_report"] = map[string]any{"size": r.Remote.Size, "iters": r.Remote.Iters,
-				"bw_peak_MBps": r.Remote.BWPeak, "bw_avg_MBps": r.Remote.BWAvg, "msg_rate_Mpps": r.Remote.MsgRateMpps}
-		}
-		b, _ := json.Marshal(out)
+		b, _ := json.Marshal(r.JSON(&o))
 		fmt.Fprintln(stdout, string(b))
-		return 0
+		return exitOK
 	}
-	const line = "---------------------------------------------------------------------------------------"
-	names := map[perftest.Test]string{perftest.WriteBW: "RDMA_Write", perftest.ReadBW: "RDMA_Read", perftest.SendBW: "Send"}
-	fmt.Fprintln(stdout, line)
-	fmt.Fprintf(stdout, "                    %s BW Test (gowarp, against perftest %s at %s)\n", names[o.Test], r.ServerVersion, o.Addr)
-	fmt.Fprintf(stdout, " TX depth        : %d\n", min(o.TxDepth, o.Iters))
-	fmt.Fprintf(stdout, " MPA             : revision %d, CRC %s\n", o.Connect.MPARevision, map[bool]string{false: "off", true: "on"}[o.Connect.CRC])
-	fmt.Fprintln(stdout, line)
-	for _, d := range []struct {
-		who string
-		d   perftest.Dest
-	}{{"local", r.ClientDest}, {"remote", r.ServerDest}} {
-		fmt.Fprintf(stdout, " %s address: LID %#04x QPN %#06x PSN %#06x RKey %#08x VAddr %#016x\n",
-			d.who, d.d.LID, d.d.QPN, d.d.PSN, d.d.RKey, d.d.VAddr)
-	}
-	fmt.Fprintln(stdout, line)
-	fmt.Fprintln(stdout, perftest.ResultHeader)
-	fmt.Fprintln(stdout, r.Local.Line())
-	fmt.Fprintln(stdout, line)
-	switch {
-	case o.Test == perftest.SendBW:
-		fmt.Fprintln(stdout, " the send_bw server measured the receive side itself and printed its figures there")
-	case r.Remote.Plausible(o.Size):
-		fmt.Fprintln(stdout, " server's report:")
-		fmt.Fprintln(stdout, r.Remote.Line())
-	default:
-		fmt.Fprintln(stdout, " the server's report is uninitialised memory (perftest's write_bw and read_bw servers measure nothing);")
-		fmt.Fprintln(stdout, " the server printed the figures above")
-	}
-	return 0
+	r.WriteTable(stdout, &o)
+	return exitOK
 }

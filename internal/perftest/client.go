@@ -5,52 +5,80 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"os"
 	"time"
-	"unsafe"
 
 	"github.com/gowarp/gowarp"
 )
 
-// Test is a perftest bandwidth test.
+// Test is a perftest test.
 type Test string
 
 // The tests.
 const (
-	WriteBW Test = "write_bw"
-	ReadBW  Test = "read_bw"
-	SendBW  Test = "send_bw"
+	WriteBW  Test = "write_bw"
+	ReadBW   Test = "read_bw"
+	SendBW   Test = "send_bw"
+	WriteLat Test = "write_lat"
+	ReadLat  Test = "read_lat"
+	SendLat  Test = "send_lat"
 )
 
 // Tests lists them.
-var Tests = []Test{WriteBW, ReadBW, SendBW}
+var Tests = []Test{WriteBW, ReadBW, SendBW, WriteLat, ReadLat, SendLat}
+
+// Latency reports whether t is a latency test.
+func (t Test) Latency() bool { return t == WriteLat || t == ReadLat || t == SendLat }
+
+// Title is the name perftest gives the test in its header.
+func (t Test) Title() string {
+	switch t {
+	case WriteBW:
+		return "RDMA_Write BW Test"
+	case ReadBW:
+		return "RDMA_Read BW Test"
+	case SendBW:
+		return "Send BW Test"
+	case WriteLat:
+		return "RDMA_Write Latency Test"
+	case ReadLat:
+		return "RDMA_Read Latency Test"
+	case SendLat:
+		return "Send Latency Test"
+	}
+	return string(t)
+}
 
 // DefaultPort is perftest's port.
 const DefaultPort = 18515
 
-// Defaults of perftest's bandwidth tests.
+// Defaults of perftest's tests.
 const (
-	DefaultSize    = 65536
-	DefaultIters   = 5000
+	DefaultSize    = 65536 // bandwidth tests
+	DefaultLatSize = 2     // latency tests
+	DefaultIters   = 1000
+	DefaultItersWB = 5000 // write_bw
 	DefaultTxDepth = 128
 	DefaultRxDepth = 512 // DEF_RX_SEND
-	// MaxOutReads is what perftest asks for in read_bw: siw's
+	// MaxOutReads is what perftest asks for in read tests: siw's
 	// max_qp_rd_atom.
 	MaxOutReads = 128
+	// MaxSize bounds the message size, as perftest's MAX_SIZE.
+	MaxSize = 8 << 20
 )
 
 // Options configure a run.
 type Options struct {
 	Test  Test
-	Addr  string // the server, host:port
-	Size  int    // message size (-s)
-	Iters int    // messages (-n); send_bw needs the server's own -n
-	// TxDepth is how many work requests stay outstanding (-t).
+	Addr  string // the server, host:port (client)
+	Size  int    // message size (-s); 0 for perftest's default
+	Iters int    // messages (-n); 0 for perftest's default. Servers of send_bw need the client's.
+	// TxDepth is how many work requests stay outstanding (-t, bandwidth
+	// clients).
 	TxDepth int
-	// RxDepth is the server's receive depth (-r, send_bw): the client
-	// keeps at most this many Sends beyond the credits the server granted.
-	// perftest uses 512, or -n when that is smaller.
+	// RxDepth is the receive depth of send tests (-r): a send_bw server
+	// posts this many receives, and a send_bw client keeps at most this
+	// many Sends beyond the credits the server granted. perftest uses 512,
+	// or -n when that is smaller.
 	RxDepth int
 	// Connect tunes both connections (CRC, MPA revision, peer-to-peer).
 	// IRD and ORD are set per test as perftest does.
@@ -60,45 +88,62 @@ type Options struct {
 	// is needed: the queue pair wakes a siw server that missed the first
 	// message while it accepted (gowarp.ConnectOptions.NoNudge).
 	Settle time.Duration
-	// DataTries and DataGap bound the retries of the data connection: the
-	// server listens for it only after the first handshake (perftest
-	// retries 10 times 100 ms apart).
+	// DataTries and DataGap bound the client's retries of the data
+	// connection: the server listens for it only after the first
+	// handshake (perftest retries 10 times 100 ms apart).
 	DataTries int
 	DataGap   time.Duration
 	// Log receives a line per protocol step; nil for none.
 	Log io.Writer
 }
 
+// Fill sets perftest's defaults for the options left zero and checks
+// them, as Run and Serve do.
+func Fill(o *Options) error { return o.defaults() }
+
 func (o *Options) defaults() error {
 	switch o.Test {
-	case WriteBW, ReadBW, SendBW:
+	case WriteBW, ReadBW, SendBW, WriteLat, ReadLat, SendLat:
 	default:
-		return fmt.Errorf("perftest: unknown test %q (want write_bw, read_bw or send_bw)", o.Test)
+		return fmt.Errorf("perftest: unknown test %q (want one of %v)", o.Test, Tests)
 	}
 	if o.Size == 0 {
 		o.Size = DefaultSize
+		if o.Test.Latency() {
+			o.Size = DefaultLatSize
+		}
 	}
 	if o.Iters == 0 {
 		o.Iters = DefaultIters
+		if o.Test == WriteBW {
+			o.Iters = DefaultItersWB
+		}
 	}
 	if o.TxDepth == 0 {
 		o.TxDepth = DefaultTxDepth
 	}
+	if o.Test.Latency() {
+		o.TxDepth = 1 // a ping-pong has one message in flight
+	}
 	if o.RxDepth == 0 {
 		o.RxDepth = DefaultRxDepth
 	}
-	// perftest's force_dependecies.
-	o.TxDepth = min(o.TxDepth, o.Iters)
-	o.RxDepth = min(o.RxDepth, o.Iters)
 	if o.DataTries == 0 {
 		o.DataTries = 50
 	}
 	if o.DataGap == 0 {
 		o.DataGap = 100 * time.Millisecond
 	}
-	if o.Size < 1 || o.Iters < 1 || o.TxDepth < 1 || o.RxDepth < 1 {
-		return errors.New("perftest: size, iterations and depths must be positive")
+	if o.Size < 1 || o.Size > MaxSize {
+		return fmt.Errorf("perftest: size %d out of range 1..%d", o.Size, MaxSize)
 	}
+	// perftest's MIN_ITER; a latency report needs the samples.
+	if o.Iters < 5 || o.TxDepth < 1 || o.RxDepth < 1 {
+		return errors.New("perftest: iterations must be at least 5, depths positive")
+	}
+	// perftest's force_dependecies.
+	o.TxDepth = min(o.TxDepth, o.Iters)
+	o.RxDepth = min(o.RxDepth, o.Iters)
 	return nil
 }
 
@@ -110,277 +155,109 @@ type Message struct {
 
 // Result is what a run produced.
 type Result struct {
-	Local         Report // measured here, and sent to the server
-	Remote        Report // the server's report (write_bw, read_bw): see Plausible
-	ServerVersion string
-	ClientDest    Dest
-	ServerDest    Dest
-	Transcript    []Message // the control connection, in order
+	Test   Test
+	Server bool // this side served
+	// Local is this side's bandwidth report: a client's measurement, a
+	// send_bw server's of its receives. write_bw and read_bw servers
+	// measure nothing and send a report of zero figures.
+	Local Report
+	// Remote is the peer's report (write_bw, read_bw): the client's, at a
+	// server, which is what perftest's servers print; at a client, the
+	// server's (perftest's servers send uninitialised memory: see
+	// Plausible).
+	Remote Report
+	// Lat is this side's latency report (read_lat: the client's only).
+	Lat         LatReport
+	PeerVersion string
+	LocalDest   Dest
+	RemoteDest  Dest
+	Transcript  []Message // the control connection, in order
 }
 
-// Run runs one test against a perftest server.
+// Run runs one test as the client of a perftest server at o.Addr.
 func Run(ctx context.Context, dev *gowarp.Device, o Options) (*Result, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	r := &Result{}
-	logf := func(format string, args ...any) {
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, format+"\n", args...)
-		}
+	s := &session{o: &o, dev: dev, pd: dev.AllocPD(), r: &Result{Test: o.Test}}
+	var err error
+	if s.c, err = newControl(dev, s.pd, s.r, false); err != nil {
+		return nil, err
 	}
-	pd := dev.AllocPD()
-
-	// The control connection.
-	c, err := dialControl(ctx, dev, pd, o)
-	if err != nil {
+	defer s.c.close()
+	co := o.Connect
+	// perftest asks rdma_cm for no Reads on the control connection: MPA
+	// IRD/ORD 0/0 (wire/testdata/siw/perftest-*.pcap).
+	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
+	if err := s.c.qp.Connect(ctx, o.Addr, co); err != nil {
 		return nil, fmt.Errorf("perftest: control connection: %w", err)
 	}
-	defer c.close()
-	c.transcript = &r.Transcript
-	logf("control connection up; settling %v", o.Settle)
+	s.logf("control connection up; settling %v", o.Settle)
 	select {
 	case <-time.After(o.Settle):
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	m, err := c.xchg(ctx, AppendVersion(nil, Version))
+	err = s.run(ctx)
+	defer s.d.close()
 	if err != nil {
-		return nil, fmt.Errorf("perftest: version exchange: %w", err)
-	}
-	r.ServerVersion = ParseVersion(m)
-	logf("server is perftest %s", r.ServerVersion)
-	if !VersionAtLeast(r.ServerVersion, 5.70) {
-		return nil, fmt.Errorf("perftest: server version %q is older than 5.70", r.ServerVersion)
-	}
-	pagesize := uint32(os.Getpagesize())
-	steps := [][]byte{AppendUint32(nil, pagesize), AppendUint32(nil, CacheLine), AppendMTU(nil, MTU)}
-	for _, s := range steps {
-		if _, err := c.xchg(ctx, s); err != nil {
-			return nil, fmt.Errorf("perftest: parameter exchange: %w", err)
-		}
-	}
-
-	// The data connection, between two empty handshakes.
-	var zero Dest
-	if _, err := c.xchg(ctx, zero.Append(nil)); err != nil {
-		return nil, fmt.Errorf("perftest: handshake before the data connection: %w", err)
-	}
-	d, err := dialData(ctx, dev, pd, o, logf)
-	if err != nil {
-		return nil, fmt.Errorf("perftest: data connection: %w", err)
-	}
-	defer d.close()
-	if _, err := c.xchg(ctx, zero.Append(nil)); err != nil {
-		return nil, fmt.Errorf("perftest: handshake after the data connection: %w", err)
-	}
-
-	// Keys: the client's pingpong_dest, answered by the server's.
-	r.ClientDest = Dest{OutReads: 1, QPN: d.qpn, PSN: rand.Uint32() & 0xffffff,
-		RKey: uint32(d.buf.STag()), VAddr: d.buf.Addr()}
-	if o.Test == ReadBW {
-		r.ClientDest.OutReads = MaxOutReads
-	}
-	if o.Test == SendBW {
-		// The server's credit Writes land in the second word of the
-		// credit buffer, as perftest's ctx_alloc_credit lays it out.
-		r.ClientDest.RKey, r.ClientDest.VAddr = uint32(d.credit.STag()), d.credit.Addr()+4
-	}
-	myDest := r.ClientDest.Append(nil)
-	handshakes := 3
-	if o.Test == SendBW {
-		handshakes = 4 // the last one tells the client the receives are posted
-	}
-	for i := range handshakes {
-		m, err := c.xchg(ctx, myDest)
-		if err != nil {
-			return nil, fmt.Errorf("perftest: handshake %d: %w", i+1, err)
-		}
-		sd, err := ParseDest(m)
-		if err != nil {
-			return nil, err
-		}
-		if i == 0 {
-			r.ServerDest = sd
-		} else if sd.RKey != r.ServerDest.RKey || sd.VAddr != r.ServerDest.VAddr {
-			return nil, fmt.Errorf("perftest: server's handshake %d names rkey %#x vaddr %#x, the first named %#x %#x",
-				i+1, sd.RKey, sd.VAddr, r.ServerDest.RKey, r.ServerDest.VAddr)
-		}
-	}
-	logf("server buffer: rkey %#x vaddr %#x; running %d × %d B", r.ServerDest.RKey, r.ServerDest.VAddr, o.Iters, o.Size)
-
-	if err := d.traffic(ctx, &o, &r.ServerDest, &r.Local); err != nil {
-		return nil, fmt.Errorf("perftest: %s traffic: %w", o.Test, err)
-	}
-	logf("traffic done")
-
-	if o.Test != SendBW {
-		if _, err := c.xchg(ctx, myDest); err != nil {
-			return nil, fmt.Errorf("perftest: handshake before the reports: %w", err)
-		}
-		var got [5][]byte
-		for i, f := range r.Local.reportMsgs() {
-			if got[i], err = c.xchg(ctx, f); err != nil {
-				return nil, fmt.Errorf("perftest: report exchange: %w", err)
-			}
-		}
-		if r.Remote, err = parseReport(got); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := c.xchg(ctx, myDest); err != nil {
-		return nil, fmt.Errorf("perftest: closing handshake: %w", err)
+		return nil, err
 	}
 	// The server closes first: perftest's server destroys its side right
-	// after this handshake. Closing at once instead can make siw complete
-	// the server's last Send with an error (it suspends transmission when
-	// the peer's FIN arrives, before the Send's completion is written).
-	logf("closing")
-	for deadline := time.Now().Add(3 * time.Second); c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
+	// after the closing handshake. Closing at once instead can make siw
+	// complete the server's last Send with an error (it suspends
+	// transmission when the peer's FIN arrives, before the Send's
+	// completion is written).
+	s.logf("closing")
+	for deadline := time.Now().Add(3 * time.Second); s.c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	d.qp.Disconnect(dctx)
-	c.qp.Disconnect(dctx)
-	return r, nil
+	s.d.qp.Disconnect(dctx)
+	s.c.qp.Disconnect(dctx)
+	return s.r, nil
 }
 
-// control is the control connection: one receive posted, the client
-// Sends and then waits for the server's Send.
-type control struct {
-	qp         *gowarp.QP
-	cq         *gowarp.CQ
-	sbuf, rbuf *gowarp.MR
-	wc         [4]gowarp.Completion
-	transcript *[]Message
-}
-
-const ctrlBuf = 4096
-
-func dialControl(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o Options) (*control, error) {
-	c := &control{cq: dev.NewCQ(16)}
+// Serve serves one perftest client that connects to ln, as perftest's
+// server does (ib_write_lat -R with no host), and returns when the run is
+// over.
+func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, o Options) (*Result, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	s := &session{o: &o, server: true, dev: dev, pd: dev.AllocPD(), ln: ln, r: &Result{Test: o.Test, Server: true}}
+	s.r.Local = Report{Size: uint64(o.Size), Iters: uint64(o.Iters)}
 	var err error
-	if c.qp, err = pd.NewQP(gowarp.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, SendDepth: 4, RecvDepth: 2}); err != nil {
+	if s.c, err = newControl(dev, s.pd, s.r, true); err != nil {
 		return nil, err
 	}
-	if c.sbuf, err = pd.Register(make([]byte, ctrlBuf), gowarp.LocalWrite); err != nil {
-		return nil, err
-	}
-	if c.rbuf, err = pd.Register(make([]byte, ctrlBuf), gowarp.LocalWrite); err != nil {
-		return nil, err
-	}
-	if err := c.postRecv(); err != nil {
-		return nil, err
+	defer s.c.close()
+	req, err := ln.Accept(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("perftest: waiting for a client: %w", err)
 	}
 	co := o.Connect
 	// perftest asks rdma_cm for no Reads on the control connection: MPA
 	// IRD/ORD 0/0 (wire/testdata/siw/perftest-*.pcap).
 	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
-	if err := c.qp.Connect(ctx, o.Addr, co); err != nil {
+	if err := req.Accept(ctx, s.c.qp, co); err != nil {
+		return nil, fmt.Errorf("perftest: control connection: %w", err)
+	}
+	s.logf("client %v connected", req.RemoteAddr())
+	err = s.run(ctx)
+	defer s.d.close()
+	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	// perftest's server closes first, once its last answer is sent.
+	s.logf("closing")
+	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.d.qp.Disconnect(dctx)
+	s.c.qp.Disconnect(dctx)
+	return s.r, nil
 }
-
-func (c *control) postRecv() error {
-	return c.qp.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: c.rbuf, Length: ctrlBuf}}})
-}
-
-// xchg Sends msg and returns the server's answer.
-func (c *control) xchg(ctx context.Context, msg []byte) ([]byte, error) {
-	copy(c.sbuf.Bytes(), msg)
-	if err := c.qp.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpSend, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: c.sbuf, Length: len(msg)}}}); err != nil {
-		return nil, err
-	}
-	*c.transcript = append(*c.transcript, Message{FromClient: true, Data: append([]byte(nil), msg...)})
-	var answer []byte
-	sent := false
-	for answer == nil || !sent {
-		n := c.cq.Poll(c.wc[:])
-		if n == 0 {
-			if err := c.cq.Wait(ctx); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		for _, w := range c.wc[:n] {
-			if err := w.Err(); err != nil {
-				if qerr := c.qp.Err(); qerr != nil {
-					return nil, fmt.Errorf("%v completion: %w (%w)", w.Op, err, qerr)
-				}
-				return nil, fmt.Errorf("%v completion: %w", w.Op, err)
-			}
-			switch w.Op {
-			case gowarp.CompSend:
-				sent = true
-			case gowarp.CompRecv:
-				answer = append([]byte{}, c.rbuf.Bytes()[:w.Bytes]...)
-			}
-		}
-	}
-	*c.transcript = append(*c.transcript, Message{Data: answer})
-	return answer, c.postRecv()
-}
-
-func (c *control) close() { c.qp.Close() }
-
-// data is the data connection and its buffers.
-type data struct {
-	qp     *gowarp.QP
-	cq     *gowarp.CQ
-	buf    *gowarp.MR
-	credit *gowarp.MR // send_bw: the server Writes its credit count here
-	words  []uint32   // the credit buffer's memory
-	qpn    uint32
-}
-
-func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o Options, logf func(string, ...any)) (*data, error) {
-	d := &data{cq: dev.NewCQ(2*o.TxDepth + 16), qpn: 0x100 + rand.Uint32N(0xff00)}
-	var err error
-	// perftest registers its buffer with every right (and adds remote
-	// write to read_bw's for iWARP).
-	if d.buf, err = pd.Register(make([]byte, o.Size), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
-		return nil, err
-	}
-	d.words = make([]uint32, 2)
-	if d.credit, err = pd.Register(unsafe.Slice((*byte)(unsafe.Pointer(&d.words[0])), 8), gowarp.LocalWrite|gowarp.RemoteWrite); err != nil {
-		return nil, err
-	}
-	co := o.Connect
-	// As perftest: out_reads for read_bw, 0/0 otherwise (the captures).
-	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
-	if o.Test == ReadBW {
-		co.IRD, co.ORD = MaxOutReads, MaxOutReads
-	}
-	var last error
-	for try := range o.DataTries {
-		if try > 0 {
-			select {
-			case <-time.After(o.DataGap):
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: d.cq, RecvCQ: d.cq, SendDepth: o.TxDepth + 8, RecvDepth: 4})
-		if err != nil {
-			return nil, err
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = qp.Connect(cctx, o.Addr, co)
-		cancel()
-		if err == nil {
-			d.qp = qp
-			logf("data connection up after %d tries", try+1)
-			return d, nil
-		}
-		last = err
-	}
-	return nil, fmt.Errorf("%d tries: %w", o.DataTries, last)
-}
-
-func (d *data) close() { d.qp.Close() }
 
 // credits returns the count the server last wrote into the credit
 // buffer. The server's RDMA Write lands in this memory while the client

@@ -174,3 +174,8 @@ const ResultHeader = " #bytes     #iterations    BW peak[MB/sec]    BW average[M
 func (r *Report) Line() string {
 	return fmt.Sprintf(" %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRateMpps)
 }
+
+// Measured reports whether r is a plausible report with figures in it: a
+// gowarp server of write_bw or read_bw sends zero figures (it measures
+// nothing), perftest's sends uninitialised memory.
+func (r *Report) Measured(size int) bool { return r.Plausible(size) && r.BWAvg > 0 }

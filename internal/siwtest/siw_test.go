@@ -121,6 +121,38 @@ func TestSIW(t *testing.T) {
 		t.Run(c.name(), func(t *testing.T) { s.perftest(t, c) })
 	}
 
+	// perftest's latency servers in the guest, gowarp perftest as the
+	// client: CRC off and on (siw agrees to what gowarp asks).
+	for _, c := range []perfCase{
+		{test: "write_lat", iters: 100},
+		{test: "read_lat", iters: 100},
+		{test: "send_lat", iters: 100},
+		{test: "write_lat", iters: 50, flags: []string{"-crc"}},
+		{test: "read_lat", iters: 50, flags: []string{"-crc"}},
+		{test: "send_lat", iters: 50, flags: []string{"-crc"}},
+	} {
+		t.Run(c.name(), func(t *testing.T) { s.perftestLatClient(t, c) })
+	}
+
+	// perftest's clients in the guest, gowarp perftest as their server:
+	// every test, CRC off and on (gowarp's reply turns it on).
+	for _, c := range []perfCase{
+		{test: "write_bw", iters: 100},
+		{test: "read_bw", iters: 100},
+		{test: "send_bw", iters: 100},
+		{test: "write_lat", iters: 100},
+		{test: "read_lat", iters: 100},
+		{test: "send_lat", iters: 100},
+		{test: "write_bw", iters: 50, flags: []string{"-crc"}},
+		{test: "read_bw", iters: 50, flags: []string{"-crc"}},
+		{test: "send_bw", iters: 50, flags: []string{"-crc"}},
+		{test: "write_lat", iters: 50, flags: []string{"-crc"}},
+		{test: "read_lat", iters: 50, flags: []string{"-crc"}},
+		{test: "send_lat", iters: 50, flags: []string{"-crc"}},
+	} {
+		t.Run(c.serverName(), func(t *testing.T) { s.perftestServer(t, c) })
+	}
+
 	// rdma-core's rdma_server and rdma_client, 20 sessions each way.
 	t.Run("rdma_server/gowarp-client", s.rdmaServerClient)
 	t.Run("rdma_client/gowarp-server", s.rdmaClientServer)
@@ -316,9 +348,7 @@ type perfCase struct {
 }
 
 func (c perfCase) name() string {
-	if c.size == 0 {
-		c.size = 65536
-	}
+	c = c.sized()
 	n := fmt.Sprintf("perftest/%s/%dx%d", c.test, c.size, c.iters)
 	for _, f := range c.flags {
 		n += strings.ReplaceAll(f, "-", "_")

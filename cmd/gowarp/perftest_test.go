@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestPerftestBothWays runs gowarp perftest as a server and as its client,
+// for a bandwidth and a latency test, and checks the tables and -json.
+func TestPerftestBothWays(t *testing.T) {
+	for _, c := range []struct {
+		test string
+		line *regexp.Regexp
+	}{
+		{"send_bw", regexp.MustCompile(`(?m)^ 4096\s+50\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+$`)},
+		{"write_lat", regexp.MustCompile(`(?m)^ 64\s+50(\s+[0-9.]+){7}\s*$`)},
+	} {
+		t.Run(c.test, func(t *testing.T) {
+			port := strconv.Itoa(freePort(t))
+			size := "4096"
+			if strings.HasSuffix(c.test, "_lat") {
+				size = "64"
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var sout, serr lockedBuf
+			var wg sync.WaitGroup
+			var scode int
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				scode = dispatch(ctx, []string{"perftest", "-a", "127.0.0.1", "-p", port, "-n", "50", "-s", size, c.test}, &sout, &serr)
+			}()
+			var cout, cerr lockedBuf
+			var ccode int
+			for try := 0; try < 50; try++ { // until the server listens
+				cout, cerr = lockedBuf{}, lockedBuf{}
+				ccode = dispatch(ctx, []string{"perftest", "-settle", "0", "-json", "-n", "50", "-s", size, c.test, "127.0.0.1:" + port}, &cout, &cerr)
+				if ccode == 0 || !strings.Contains(cerr.String(), "refused") {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			wg.Wait()
+			if ccode != 0 || scode != 0 {
+				t.Fatalf("client exit %d: %s%s\nserver exit %d: %s%s", ccode, cout.String(), cerr.String(), scode, sout.String(), serr.String())
+			}
+			if !c.line.MatchString(sout.String()) || !strings.Contains(sout.String(), "---------") {
+				t.Errorf("server's table:\n%s", sout.String())
+			}
+			var j map[string]any
+			if err := json.Unmarshal([]byte(cout.String()), &j); err != nil {
+				t.Fatalf("client's -json: %v\n%s", err, cout.String())
+			}
+			if j["test"] != c.test || j["role"] != "client" || j["iters"] != 50.0 {
+				t.Errorf("client's -json: %v", j)
+			}
+		})
+	}
+}

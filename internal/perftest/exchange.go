@@ -1,0 +1,116 @@
+package perftest
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Step is one step of a test's -R control exchange. Message steps are
+// one Send each way: the client sends its message, the server answers with
+// its own of the same kind. Action steps send nothing; each side does what
+// the step says before going on.
+type Step uint8
+
+// The steps.
+const (
+	// Messages.
+	StepVersion   Step = iota + 1 // 16-byte version string
+	StepCycle                     // cycle buffer, 4 bytes BE
+	StepCacheLine                 // cache line, 4 bytes BE
+	StepMTU                       // MTU enum in ASCII and a NUL
+	StepZeroDest                  // an all-zero pingpong_dest (a barrier)
+	StepDest                      // the side's pingpong_dest
+	StepReport                    // one field of the bandwidth report, 8 bytes
+	// Actions.
+	ActData    // the client connects the data queue pair, the server accepts it
+	ActRecvs   // send tests: post the receives the peer's Sends will take
+	ActTraffic // run the test on the data queue pair
+)
+
+var stepNames = [...]string{StepVersion: "version", StepCycle: "cycle buffer", StepCacheLine: "cache line",
+	StepMTU: "MTU", StepZeroDest: "zero dest", StepDest: "dest", StepReport: "report field",
+	ActData: "data connection", ActRecvs: "post receives", ActTraffic: "traffic"}
+
+func (s Step) String() string {
+	if int(s) < len(stepNames) && stepNames[s] != "" {
+		return stepNames[s]
+	}
+	return fmt.Sprintf("step(%d)", s)
+}
+
+// Message reports whether s is a message step.
+func (s Step) Message() bool { return s >= StepVersion && s <= StepReport }
+
+// Script returns the control exchange of test t, as perftest 4.5-0.17
+// ("6.06") runs it with -R. The bandwidth tests' exchange is the one of
+// the captures in wire/testdata/siw; the latency tests' likewise
+// (perftest-*_lat.pcap).
+func Script(t Test) []Step {
+	s := []Step{StepVersion, StepCycle, StepCacheLine, StepMTU, StepZeroDest, ActData, StepZeroDest}
+	switch t {
+	case WriteBW, ReadBW:
+		s = append(s, StepDest, StepDest, StepDest, ActTraffic, StepDest)
+		for range reportFields {
+			s = append(s, StepReport)
+		}
+		return append(s, StepDest)
+	case SendBW:
+		// The fourth dest tells the client the server's receives are posted.
+		return append(s, StepDest, StepDest, StepDest, ActRecvs, StepDest, ActTraffic, StepDest)
+	case WriteLat:
+		// No closing handshake: each side ends with its last Write.
+		return append(s, StepDest, StepDest, StepDest, StepDest, ActTraffic)
+	case ReadLat:
+		return append(s, StepDest, StepDest, StepDest, StepDest, ActTraffic, StepDest)
+	case SendLat:
+		// Both sides post their receives before the fourth dest.
+		return append(s, StepDest, StepDest, StepDest, ActRecvs, StepDest, ActTraffic, StepDest)
+	}
+	return nil
+}
+
+// reportFields is the number of report messages (size, iterations, peak,
+// average, message rate).
+const reportFields = 5
+
+// CheckMessage checks that a message received at step s has that step's
+// form; the peer's input never panics the parser that follows.
+func CheckMessage(s Step, b []byte) error {
+	want := 0
+	switch s {
+	case StepVersion:
+		want = VersionLen
+	case StepCycle, StepCacheLine:
+		want = 4
+	case StepMTU:
+		if len(b) < 2 || len(b) > 8 || b[len(b)-1] != 0 {
+			return fmt.Errorf("perftest: MTU message % x is not a short NUL-terminated string", b)
+		}
+		return nil
+	case StepZeroDest:
+		if len(b) != DestLen {
+			return fmt.Errorf("perftest: %v of %d bytes, want %d", s, len(b), DestLen)
+		}
+		for _, c := range b {
+			if c != 0 {
+				return fmt.Errorf("perftest: %v is not zero: % x", s, b)
+			}
+		}
+		return nil
+	case StepDest:
+		want = DestLen
+	case StepReport:
+		want = 8
+	default:
+		return fmt.Errorf("perftest: %v carries no message", s)
+	}
+	if len(b) != want {
+		return fmt.Errorf("perftest: %v message of %d bytes, want %d", s, len(b), want)
+	}
+	if s == StepCycle || s == StepCacheLine {
+		if v := binary.BigEndian.Uint32(b); v == 0 || v > 1<<30 {
+			return fmt.Errorf("perftest: %v of %d", s, v)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,126 @@
+package perftest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// pair runs a gowarp perftest client against a gowarp perftest server on
+// the loopback and returns both results.
+func pair(t *testing.T, o Options) (client, server *Result) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ln, err := gowarp.Open().Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type res struct {
+		r   *Result
+		err error
+	}
+	sc := make(chan res, 1)
+	so := o
+	go func() {
+		r, err := Serve(ctx, gowarp.Open(), ln, so)
+		sc <- res{r, err}
+	}()
+	o.Addr = ln.Addr().String()
+	o.DataGap = 10 * time.Millisecond
+	cr, cerr := Run(ctx, gowarp.Open(), o)
+	s := <-sc
+	if cerr != nil || s.err != nil {
+		t.Fatalf("client: %v; server: %v", cerr, s.err)
+	}
+	return cr, s.r
+}
+
+// TestLoopback runs every test, gowarp client against gowarp server, with
+// CRC off and on, and checks what each side measured and printed.
+func TestLoopback(t *testing.T) {
+	for _, test := range Tests {
+		for _, crc := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/crc=%v", test, crc), func(t *testing.T) {
+				o := Options{Test: test, Iters: 200, Size: 4096, Connect: gowarp.ConnectOptions{CRC: crc, NoP2P: true}}
+				if test.Latency() {
+					o.Size = 64
+				}
+				c, s := pair(t, o)
+				checkPair(t, test, o, c, s)
+			})
+		}
+	}
+}
+
+func checkPair(t *testing.T, test Test, o Options, c, s *Result) {
+	t.Helper()
+	if c.PeerVersion != Version || s.PeerVersion != Version {
+		t.Errorf("versions seen: client %q, server %q", c.PeerVersion, s.PeerVersion)
+	}
+	if c.RemoteDest != s.LocalDest || s.RemoteDest != c.LocalDest {
+		t.Errorf("dests: client has %+v and %+v, server %+v and %+v", c.LocalDest, c.RemoteDest, s.LocalDest, s.RemoteDest)
+	}
+	// Both sides walked the same script: the transcripts agree.
+	if len(c.Transcript) != len(s.Transcript) {
+		t.Fatalf("client's transcript has %d messages, server's %d", len(c.Transcript), len(s.Transcript))
+	}
+	for i := range c.Transcript {
+		if !bytes.Equal(c.Transcript[i].Data, s.Transcript[i].Data) || c.Transcript[i].FromClient != s.Transcript[i].FromClient {
+			t.Errorf("message %d: client saw %+v, server %+v", i, c.Transcript[i], s.Transcript[i])
+		}
+	}
+	n := uint64(o.Iters)
+	size := uint64(o.Size)
+	switch test {
+	case WriteBW, ReadBW:
+		if c.Local.Size != size || c.Local.Iters != n || c.Local.BWAvg <= 0 || c.Local.BWPeak < c.Local.BWAvg*(1-1e-9) {
+			t.Errorf("client report %+v", c.Local)
+		}
+		if s.Remote != c.Local {
+			t.Errorf("server received report %+v, client sent %+v", s.Remote, c.Local)
+		}
+		if c.Remote.Measured(o.Size) || !c.Remote.Plausible(o.Size) {
+			t.Errorf("server's report %+v: want size and iterations with zero figures", c.Remote)
+		}
+	case SendBW:
+		if c.Local.Iters != n || c.Local.BWAvg <= 0 {
+			t.Errorf("client report %+v", c.Local)
+		}
+		if s.Local.Size != size || s.Local.Iters != n || s.Local.BWAvg <= 0 {
+			t.Errorf("server report %+v", s.Local)
+		}
+	default:
+		check := func(who string, l LatReport) {
+			if l.Size != size || l.Iters != n || l.Min <= 0 || l.Min > l.Typical || l.Typical > l.Max ||
+				l.Avg < l.Min || l.Avg > l.Max || l.P99 < l.Typical || l.P999 < l.P99 || l.Stdev < 0 {
+				t.Errorf("%s's latency report %+v", who, l)
+			}
+		}
+		check("client", c.Lat)
+		if test != ReadLat {
+			check("server", s.Lat)
+		}
+	}
+	// The tables and JSON print.
+	for _, r := range []*Result{c, s} {
+		var b strings.Builder
+		oo := o
+		oo.defaults()
+		r.WriteTable(&b, &oo)
+		out := b.String()
+		if !strings.Contains(out, test.Title()) || strings.Count(out, ResultLine) != 4 {
+			t.Errorf("table:\n%s", out)
+		}
+		if _, err := json.Marshal(r.JSON(&oo)); err != nil {
+			t.Error(err)
+		}
+	}
+}

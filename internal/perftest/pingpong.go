@@ -1,0 +1,189 @@
+package perftest
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/gowarp/gowarp"
+)
+
+// wordBytes is the memory of words as bytes, for registering it.
+func wordBytes(w []uint32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 4*len(w)) }
+
+// spin waits until done reports true, the queue pair fails or ctx ends.
+// It spins (yielding) for a while, as perftest busy-polls, then sleeps in
+// short steps so that a peer that stalls does not cost a CPU.
+func (d *data) spin(ctx context.Context, done func() bool) error {
+	start := time.Now()
+	for i := 0; !done(); i++ {
+		if i&63 == 0 {
+			if s := d.qp.State(); s != gowarp.StateReady {
+				return fmt.Errorf("queue pair %v: %w", s, d.qp.Err())
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		if time.Since(start) < 5*time.Millisecond {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	return nil
+}
+
+// waitCounts pumps the CQ until at least sends and recvs completions
+// were seen.
+func (d *data) waitCounts(ctx context.Context, sends, recvs int) error {
+	for d.sends < sends || d.recvs < recvs {
+		n, err := d.pump(ctx, false)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			// Latency: poll first, as perftest does, then wait.
+			if err := d.spin(ctx, func() bool { return d.cq.Len() > 0 }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// pingPong runs a latency test: Iters messages each way (write_lat,
+// send_lat) or Iters Reads (read_lat, client), one in flight, and returns
+// when each was posted. The order is perftest's: in write_lat the server
+// Writes first, in send_lat the client Sends first, and each side then
+// answers what it received. A Write's arrival is told by the bytes placed
+// in the buffer (perftest polls the buffer's last byte, which carries the
+// message's number; the number is checked here too).
+func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest) ([]int64, error) {
+	n, size := o.Iters, o.Size
+	out := d.buf.Bytes()[:size]
+	in := d.buf.Bytes()[size : 2*size]
+	wr := gowarp.SendWR{Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: d.buf, Length: size}},
+		RemoteAddr: peer.VAddr, RKey: peer.RKey}
+	first := !server // who posts before receiving
+	switch o.Test {
+	case WriteLat:
+		wr.Op = gowarp.OpWrite
+		first = server
+	case SendLat:
+		wr.Op = gowarp.OpSend
+	case ReadLat:
+		wr.Op = gowarp.OpRead
+	}
+	tposted := make([]int64, n)
+	t0 := time.Now()
+	// Only the peer places bytes in this region, and its first Write may
+	// land before this side is here: count from zero.
+	const base = 0
+	recvs0 := d.recvs
+	posted := 0 // receives posted beyond the first RxDepth
+	scnt, rcnt := 0, 0
+	for scnt < n || (o.Test != ReadLat && rcnt < n) {
+		if o.Test != ReadLat && rcnt < n && !(scnt == 0 && first) {
+			rcnt++
+			switch o.Test {
+			case WriteLat:
+				want := uint64(rcnt) * uint64(size)
+				if err := d.spin(ctx, func() bool { return d.buf.Placed()-base >= want }); err != nil {
+					return nil, fmt.Errorf("waiting for Write %d: %w", rcnt, err)
+				}
+				// The placed count says the whole message is there.
+				if got := in[size-1]; got != byte(rcnt) {
+					return nil, fmt.Errorf("the peer's Write %d ends with %d, want %d", rcnt, got, byte(rcnt))
+				}
+			case SendLat:
+				if err := d.waitCounts(ctx, 0, recvs0+rcnt); err != nil {
+					return nil, fmt.Errorf("waiting for Send %d: %w", rcnt, err)
+				}
+				if rcnt+o.RxDepth+posted <= n {
+					if err := d.qp.PostRecv(d.recvWR()); err != nil {
+						return nil, err
+					}
+					posted++
+				}
+			}
+		}
+		if scnt < n {
+			out[size-1] = byte(scnt + 1)
+			tposted[scnt] = int64(time.Since(t0))
+			scnt++
+			wr.ID = uint64(scnt)
+			want := d.sends + 1
+			if err := d.qp.PostSend(&wr); err != nil {
+				return nil, fmt.Errorf("posting message %d: %w", scnt, err)
+			}
+			if err := d.waitCounts(ctx, want, 0); err != nil {
+				return nil, fmt.Errorf("message %d: %w", scnt, err)
+			}
+		}
+	}
+	return tposted, nil
+}
+
+// sendBWServer is the send_bw server's traffic: it takes Iters Sends,
+// reposting a receive for each while more are to come, and grants credits
+// as perftest's server does on iWARP: every RxDepth/3 receives it
+// RDMA-Writes the count of receives so far (a little-endian u32) to the
+// client's credit buffer, after reposting, so that a client that keeps
+// its Sends within RxDepth of its credit always finds a receive.
+func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *Report) error {
+	n := o.Iters
+	creditEvery := max(1, o.RxDepth/3)
+	// One slot per credit Write in flight: a slot is not rewritten
+	// while the Write that carries it may still be read.
+	slots := make([]uint32, o.TxDepth)
+	smr, err := d.pd.Register(wordBytes(slots), 0)
+	if err != nil {
+		return err
+	}
+	var first, last time.Time
+	writes := 0
+	recvs0, sends0 := d.recvs, d.sends
+	for got := 0; got < n; {
+		if _, err := d.pump(ctx, true); err != nil {
+			return fmt.Errorf("after %d Sends: %w", got, err)
+		}
+		for ; got < d.recvs-recvs0; got++ {
+			rc := got + 1
+			if rc == 1 {
+				first = time.Now()
+			}
+			last = time.Now()
+			if rc+o.RxDepth <= n {
+				if err := d.qp.PostRecv(d.recvWR()); err != nil {
+					return err
+				}
+			}
+			if rc%creditEvery != 0 {
+				continue
+			}
+			for writes-(d.sends-sends0) >= len(slots) {
+				if _, err := d.pump(ctx, true); err != nil {
+					return err
+				}
+			}
+			i := writes % len(slots)
+			binary.LittleEndian.PutUint32(wordBytes(slots[i:i+1]), uint32(rc))
+			if err := d.qp.PostSend(&gowarp.SendWR{ID: uint64(rc), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
+				SGL:        []gowarp.SGE{{MR: smr, Offset: 4 * i, Length: 4}},
+				RemoteAddr: client.VAddr, RKey: client.RKey}); err != nil {
+				return fmt.Errorf("credit Write: %w", err)
+			}
+			writes++
+		}
+	}
+	// The last credit Writes complete before the closing handshake.
+	if err := d.waitCounts(ctx, sends0+writes, 0); err != nil {
+		return err
+	}
+	*rep = reportRecv(o.Size, n, first, last)
+	return nil
+}

@@ -1,0 +1,524 @@
+package perftest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// session is one side of a run: it walks the test's Script over the
+// control connection and runs the traffic on the data connection.
+type session struct {
+	o      *Options
+	server bool
+	dev    *gowarp.Device
+	pd     *gowarp.PD
+	ln     *gowarp.Listener // server
+	c      *control
+	d      *data
+	r      *Result
+}
+
+func (s *session) logf(format string, args ...any) {
+	if s.o.Log != nil {
+		fmt.Fprintf(s.o.Log, format+"\n", args...)
+	}
+}
+
+// myMessage returns this side's message for step st; report is the index
+// of the report field.
+func (s *session) myMessage(st Step, report int) []byte {
+	switch st {
+	case StepVersion:
+		return AppendVersion(nil, Version)
+	case StepCycle:
+		return AppendUint32(nil, uint32(os.Getpagesize()))
+	case StepCacheLine:
+		return AppendUint32(nil, CacheLine)
+	case StepMTU:
+		return AppendMTU(nil, MTU)
+	case StepZeroDest:
+		var zero Dest
+		return zero.Append(nil)
+	case StepDest:
+		return s.r.LocalDest.Append(nil)
+	case StepReport:
+		return s.r.Local.reportMsgs()[report]
+	}
+	panic(fmt.Sprintf("perftest: no message for %v", st))
+}
+
+// run walks the script. The control connection is up.
+func (s *session) run(ctx context.Context) error {
+	var reports [reportFields][]byte
+	nreport, ndest := 0, 0
+	for _, st := range Script(s.o.Test) {
+		if !st.Message() {
+			if err := s.act(ctx, st); err != nil {
+				return err
+			}
+			continue
+		}
+		mine := s.myMessage(st, nreport)
+		var got []byte
+		var err error
+		if s.server {
+			if got, err = s.c.recv(ctx); err == nil {
+				err = CheckMessage(st, got)
+				if err == nil && st == StepReport {
+					// The server answers the client's report field with its own.
+					reports[nreport] = got
+				}
+				if err == nil {
+					err = s.c.send(ctx, mine)
+				}
+			}
+		} else {
+			if got, err = s.c.xchg(ctx, mine); err == nil {
+				err = CheckMessage(st, got)
+				if err == nil && st == StepReport {
+					reports[nreport] = got
+				}
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("perftest: %v exchange: %w", st, err)
+		}
+		switch st {
+		case StepVersion:
+			s.r.PeerVersion = ParseVersion(got)
+			s.logf("peer is perftest %s", s.r.PeerVersion)
+			if !VersionAtLeast(s.r.PeerVersion, 5.70) {
+				return fmt.Errorf("perftest: peer version %q is older than 5.70", s.r.PeerVersion)
+			}
+		case StepDest:
+			d, _ := ParseDest(got) // CheckMessage saw its length
+			ndest++
+			if ndest == 1 {
+				s.r.RemoteDest = d
+				s.logf("peer: qpn %#x rkey %#x vaddr %#x", d.QPN, d.RKey, d.VAddr)
+			} else if d.RKey != s.r.RemoteDest.RKey || d.VAddr != s.r.RemoteDest.VAddr {
+				return fmt.Errorf("perftest: peer's dest %d names rkey %#x vaddr %#x, the first named %#x %#x",
+					ndest, d.RKey, d.VAddr, s.r.RemoteDest.RKey, s.r.RemoteDest.VAddr)
+			}
+		case StepReport:
+			nreport++
+			if nreport == reportFields {
+				if s.r.Remote, err = parseReport(reports); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// act performs an action step.
+func (s *session) act(ctx context.Context, st Step) error {
+	switch st {
+	case ActData:
+		var err error
+		if s.server {
+			s.d, err = acceptData(ctx, s.dev, s.pd, s.ln, s.o)
+		} else {
+			s.d, err = dialData(ctx, s.dev, s.pd, s.o, s.logf)
+		}
+		if err != nil {
+			return fmt.Errorf("perftest: data connection: %w", err)
+		}
+		s.r.LocalDest = s.d.dest(s.o)
+		return nil
+	case ActRecvs:
+		if s.server || s.o.Test == SendLat {
+			return s.d.postRecvs(s.o)
+		}
+		return nil
+	case ActTraffic:
+		s.logf("running %v: %d × %d B", s.o.Test, s.o.Iters, s.o.Size)
+		if err := s.d.run(ctx, s.o, s.server, &s.r.RemoteDest, s.r); err != nil {
+			return fmt.Errorf("perftest: %s traffic: %w", s.o.Test, err)
+		}
+		s.logf("traffic done")
+		return nil
+	}
+	return fmt.Errorf("perftest: %v is not an action", st)
+}
+
+// control is the control connection: one receive posted; each message
+// step is a Send each way.
+type control struct {
+	qp         *gowarp.QP
+	cq         *gowarp.CQ
+	sbuf, rbuf *gowarp.MR
+	wc         [4]gowarp.Completion
+	sent       int    // Sends completed
+	got        []byte // a message received and not yet taken
+	transcript *[]Message
+	server     bool
+	sendErr    error // a Send that failed (see pump)
+}
+
+const ctrlBuf = 4096
+
+func newControl(dev *gowarp.Device, pd *gowarp.PD, r *Result, server bool) (*control, error) {
+	c := &control{cq: dev.NewCQ(16), transcript: &r.Transcript, server: server}
+	var err error
+	if c.qp, err = pd.NewQP(gowarp.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, SendDepth: 4, RecvDepth: 2}); err != nil {
+		return nil, err
+	}
+	if c.sbuf, err = pd.Register(make([]byte, ctrlBuf), gowarp.LocalWrite); err != nil {
+		c.qp.Close()
+		return nil, err
+	}
+	if c.rbuf, err = pd.Register(make([]byte, ctrlBuf), gowarp.LocalWrite); err != nil {
+		c.qp.Close()
+		return nil, err
+	}
+	if err := c.postRecv(); err != nil {
+		c.qp.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *control) postRecv() error {
+	return c.qp.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: c.rbuf, Length: ctrlBuf}}})
+}
+
+// pump waits for completions and records them. A Send's error is kept
+// for the caller to judge: a client whose Send was answered knows the peer
+// has it, though the peer may have closed at once after its answer (a
+// server after the closing handshake) and flushed a completion not yet
+// written.
+func (c *control) pump(ctx context.Context) error {
+	n := c.cq.Poll(c.wc[:])
+	if n == 0 {
+		if st := c.qp.State(); st != gowarp.StateReady {
+			return fmt.Errorf("control connection %v: %w", st, c.qp.Err())
+		}
+		return waitCQ(ctx, c.cq, c.qp)
+	}
+	for _, w := range c.wc[:n] {
+		if w.Op == gowarp.CompSend {
+			c.sent++
+			if err := w.Err(); err != nil && c.sendErr == nil {
+				c.sendErr = c.wrap(&w, err)
+			}
+			continue
+		}
+		if err := w.Err(); err != nil {
+			return c.wrap(&w, err)
+		}
+		if c.got != nil {
+			return fmt.Errorf("peer sent a second message before the answer to its first")
+		}
+		c.got = append([]byte{}, c.rbuf.Bytes()[:w.Bytes]...)
+	}
+	return nil
+}
+
+func (c *control) wrap(w *gowarp.Completion, err error) error {
+	if qerr := c.qp.Err(); qerr != nil {
+		return fmt.Errorf("%v completion: %w (%w)", w.Op, err, qerr)
+	}
+	return fmt.Errorf("%v completion: %w", w.Op, err)
+}
+
+// xchg is a client's message step: it Sends msg and returns the answer.
+func (c *control) xchg(ctx context.Context, msg []byte) ([]byte, error) {
+	want := c.sent + 1
+	if err := c.post(msg); err != nil {
+		return nil, err
+	}
+	got, err := c.recv(ctx)
+	if err != nil {
+		if c.sendErr != nil {
+			return nil, fmt.Errorf("%w; %w", c.sendErr, err)
+		}
+		return nil, err
+	}
+	for c.sent < want {
+		if err := c.pump(ctx); err != nil {
+			return nil, err
+		}
+	}
+	c.sendErr = nil // answered: the peer has it
+	return got, nil
+}
+
+func (c *control) post(msg []byte) error {
+	copy(c.sbuf.Bytes(), msg)
+	if err := c.qp.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpSend, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: c.sbuf, Length: len(msg)}}}); err != nil {
+		return err
+	}
+	*c.transcript = append(*c.transcript, Message{FromClient: !c.server, Data: append([]byte(nil), msg...)})
+	return nil
+}
+
+// send Sends msg and waits for its completion (a server's answer).
+func (c *control) send(ctx context.Context, msg []byte) error {
+	want := c.sent + 1
+	if err := c.post(msg); err != nil {
+		return err
+	}
+	for c.sent < want {
+		if err := c.pump(ctx); err != nil {
+			return err
+		}
+	}
+	return c.sendErr
+}
+
+// recv returns the peer's next message.
+func (c *control) recv(ctx context.Context) ([]byte, error) {
+	for c.got == nil {
+		if err := c.pump(ctx); err != nil {
+			return nil, err
+		}
+	}
+	m := c.got
+	c.got = nil
+	*c.transcript = append(*c.transcript, Message{FromClient: c.server, Data: m})
+	if err := c.postRecv(); err != nil && c.qp.State() == gowarp.StateReady {
+		return nil, err
+	}
+	// A queue pair that closed after this message fails the next step, if
+	// there is one.
+	return m, nil
+}
+
+func (c *control) close() { c.qp.Close() }
+
+// data is the data connection and its buffers.
+type data struct {
+	qp     *gowarp.QP
+	cq     *gowarp.CQ
+	pd     *gowarp.PD
+	buf    *gowarp.MR // two halves of Size: what this side sends, what the peer places
+	size   int
+	credit *gowarp.MR // send_bw client: the server Writes its credit count here
+	words  []uint32   // the credit buffer's memory
+	qpn    uint32
+	wc     [64]gowarp.Completion
+	// Counts of completions seen by pump.
+	sends, recvs int
+	recvBad      error // a receive of the wrong size
+}
+
+// newData allocates a data connection's buffers and queue pair.
+func newData(dev *gowarp.Device, pd *gowarp.PD, o *Options) (*data, error) {
+	d := &data{cq: dev.NewCQ(2*o.TxDepth + o.RxDepth + 16), qpn: 0x100 + rand.Uint32N(0xff00), size: o.Size, pd: pd}
+	var err error
+	// perftest registers its buffer with every right.
+	if d.buf, err = pd.Register(make([]byte, 2*o.Size), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
+		return nil, err
+	}
+	d.words = make([]uint32, 2)
+	if d.credit, err = pd.Register(wordBytes(d.words), gowarp.LocalWrite|gowarp.RemoteWrite); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *data) newQP(pd *gowarp.PD, o *Options) (*gowarp.QP, error) {
+	return pd.NewQP(gowarp.QPConfig{SendCQ: d.cq, RecvCQ: d.cq, SendDepth: o.TxDepth + 8, RecvDepth: o.RxDepth + 4})
+}
+
+// dataConnect returns the options of the data connection: perftest asks
+// for its outstanding reads in read tests, none otherwise.
+func dataConnect(o *Options) gowarp.ConnectOptions {
+	co := o.Connect
+	// As perftest: out_reads for read tests, 0/0 otherwise (the captures).
+	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
+	if o.Test == ReadBW || o.Test == ReadLat {
+		co.IRD, co.ORD = MaxOutReads, MaxOutReads
+	}
+	return co
+}
+
+func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o *Options, logf func(string, ...any)) (*data, error) {
+	d, err := newData(dev, pd, o)
+	if err != nil {
+		return nil, err
+	}
+	co := dataConnect(o)
+	var last error
+	for try := range o.DataTries {
+		if try > 0 {
+			select {
+			case <-time.After(o.DataGap):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		qp, err := d.newQP(pd, o)
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = qp.Connect(cctx, o.Addr, co)
+		cancel()
+		if err == nil {
+			d.qp = qp
+			logf("data connection up after %d tries", try+1)
+			return d, nil
+		}
+		last = err
+	}
+	return nil, fmt.Errorf("%d tries: %w", o.DataTries, last)
+}
+
+func acceptData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, ln *gowarp.Listener, o *Options) (*data, error) {
+	d, err := newData(dev, pd, o)
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := ln.Accept(actx)
+	if err != nil {
+		return nil, err
+	}
+	if d.qp, err = d.newQP(pd, o); err != nil {
+		req.Reject(nil)
+		return nil, err
+	}
+	co := dataConnect(o)
+	// perftest's write_lat server Writes first, without peer-to-peer
+	// mode: the four dests before the traffic make sure the client is
+	// ready.
+	co.SendFirst = o.Test == WriteLat
+	if err := req.Accept(actx, d.qp, co); err != nil {
+		d.qp.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// dest is this side's pingpong_dest: the buffer the peer Writes to or
+// Reads from, or for a send_bw client the credit buffer.
+func (d *data) dest(o *Options) Dest {
+	ds := Dest{OutReads: 1, QPN: d.qpn, PSN: rand.Uint32() & 0xffffff,
+		RKey: uint32(d.buf.STag()), VAddr: d.buf.Addr()}
+	switch o.Test {
+	case ReadBW, ReadLat:
+		ds.OutReads = MaxOutReads
+	case WriteLat:
+		// The peer's Writes land in the second half, as in perftest.
+		ds.VAddr += uint64(d.size)
+	}
+	return ds
+}
+
+func (d *data) close() {
+	if d != nil && d.qp != nil {
+		d.qp.Close()
+	}
+}
+
+// recvWR is a receive into the second half of the buffer.
+func (d *data) recvWR() *gowarp.RecvWR {
+	return &gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: d.buf, Offset: d.size, Length: d.size}}}
+}
+
+// postRecvs posts the receives of a send test.
+func (d *data) postRecvs(o *Options) error {
+	for range o.RxDepth {
+		if err := d.qp.PostRecv(d.recvWR()); err != nil {
+			return fmt.Errorf("posting receives: %w", err)
+		}
+	}
+	return nil
+}
+
+// pump takes the completions there are, waiting for some if there are
+// none and wait is set, and counts them.
+func (d *data) pump(ctx context.Context, wait bool) (int, error) {
+	n := d.cq.Poll(d.wc[:])
+	if n == 0 {
+		if !wait {
+			return 0, nil
+		}
+		if st := d.qp.State(); st != gowarp.StateReady {
+			return 0, fmt.Errorf("data connection %v: %w", st, d.qp.Err())
+		}
+		return 0, waitCQ(ctx, d.cq, d.qp)
+	}
+	for _, w := range d.wc[:n] {
+		if err := w.Err(); err != nil {
+			if qerr := d.qp.Err(); qerr != nil {
+				return 0, fmt.Errorf("work request %d (%v): %w (%w)", w.ID, w.Op, err, qerr)
+			}
+			return 0, fmt.Errorf("work request %d (%v): %w", w.ID, w.Op, err)
+		}
+		if w.Op == gowarp.CompRecv {
+			d.recvs++
+			if w.Bytes != d.size && d.recvBad == nil {
+				d.recvBad = fmt.Errorf("a Send of %d bytes, want %d", w.Bytes, d.size)
+			}
+		} else {
+			d.sends++
+		}
+	}
+	return n, d.recvBad
+}
+
+// run runs this side's part of the test.
+func (d *data) run(ctx context.Context, o *Options, server bool, peer *Dest, r *Result) error {
+	switch {
+	case o.Test == WriteBW || o.Test == ReadBW:
+		if server {
+			return nil // the client Writes or Reads; nothing to do here
+		}
+		return d.traffic(ctx, o, peer, &r.Local)
+	case o.Test == SendBW:
+		if server {
+			return d.sendBWServer(ctx, o, peer, &r.Local)
+		}
+		return d.traffic(ctx, o, peer, &r.Local)
+	case o.Test == ReadLat && server:
+		return nil
+	}
+	tposted, err := d.pingPong(ctx, o, server, peer)
+	if err != nil {
+		return err
+	}
+	rtt := 2.0
+	if o.Test == ReadLat {
+		rtt = 1
+	}
+	r.Lat = latReport(o.Size, tposted, rtt)
+	return nil
+}
+
+// mib is perftest's MB.
+const mib = 1 << 20
+
+// reportRecv is the send_bw server's report: bytes received over the time
+// from the first receive to the last, with no peak (as perftest's server).
+func reportRecv(size, n int, first, last time.Time) Report {
+	r := Report{Size: uint64(size), Iters: uint64(n)}
+	if dt := last.Sub(first).Seconds(); dt > 0 && n > 1 {
+		// The first receive starts the clock: n-1 messages arrive after it.
+		r.BWAvg = float64(size) * float64(n-1) / dt / mib
+		r.MsgRateMpps = float64(n-1) / dt / 1e6
+	}
+	return r
+}
+
+// waitCQ waits for a completion, waking now and then to see whether the
+// queue pair has failed without one (a peer gone with nothing in flight).
+func waitCQ(ctx context.Context, cq *gowarp.CQ, qp *gowarp.QP) error {
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	err := cq.Wait(wctx)
+	if err != nil && ctx.Err() == nil {
+		return nil // the tick: the caller polls and looks again
+	}
+	return err
+}

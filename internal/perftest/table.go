@@ -1,0 +1,136 @@
+package perftest
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// ResultLine is perftest's rule.
+const ResultLine = "---------------------------------------------------------------------------------------"
+
+// cHex formats v as C's printf("%#0*x", width, v): zero has no 0x, and
+// the width counts the prefix.
+func cHex(v uint64, width int) string {
+	if v == 0 {
+		return strings.Repeat("0", width)
+	}
+	h := fmt.Sprintf("%x", v)
+	if pad := width - 2 - len(h); pad > 0 {
+		h = strings.Repeat("0", pad) + h
+	}
+	return "0x" + h
+}
+
+// addressLines are perftest's "local address" lines for d (its GID is
+// printed byte by byte in decimal, as perftest does).
+func addressLines(side string, d *Dest, rdma bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, " %s address: LID %s QPN %s PSN %s", side, cHex(uint64(d.LID), 4), cHex(uint64(d.QPN), 6), cHex(uint64(d.PSN), 6))
+	if rdma {
+		fmt.Fprintf(&b, " RKey %s VAddr %s", cHex(uint64(d.RKey), 8), cHex(d.VAddr, 16))
+	}
+	b.WriteString("\n GID: ")
+	for i, g := range d.GID {
+		if i > 0 {
+			b.WriteByte(':')
+		}
+		fmt.Fprintf(&b, "%02d", g)
+	}
+	b.WriteByte('\n')
+	return b.String()
+}
+
+// WriteTable prints r in perftest's layout: the header block, both
+// addresses, the result table. o is the run's options (after Run or
+// Serve filled in the defaults); extra lines, if any, follow the table.
+func (r *Result) WriteTable(w io.Writer, o *Options) {
+	onOff := map[bool]string{false: "OFF", true: "ON"}
+	fmt.Fprintln(w, ResultLine)
+	fmt.Fprintf(w, "                    %s\n", r.Test.Title())
+	fmt.Fprintf(w, " Dual-port       : OFF\t\tDevice         : gowarp\n")
+	fmt.Fprintf(w, " Number of qps   : 1\t\tTransport type : IW\n")
+	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : OFF\n")
+	if !r.Server || r.Test.Latency() {
+		fmt.Fprintf(w, " TX depth        : %d\n", o.TxDepth)
+	}
+	if (r.Test == SendBW && r.Server) || r.Test == SendLat {
+		fmt.Fprintf(w, " RX depth        : %d\n", o.RxDepth)
+	}
+	fmt.Fprintf(w, " Mtu             : 1024[B]\n")
+	fmt.Fprintf(w, " Link type       : Ethernet\n")
+	if r.Test == ReadBW || r.Test == ReadLat {
+		fmt.Fprintf(w, " Outstand reads  : %d\n", MaxOutReads)
+	}
+	fmt.Fprintf(w, " rdma_cm QPs\t : ON\n")
+	fmt.Fprintf(w, " Data ex. method : rdma_cm\n")
+	rev := o.Connect.MPARevision
+	if rev == 0 {
+		rev = 2
+	}
+	fmt.Fprintf(w, " MPA             : revision %d, CRC %s (asked; the peer may turn it on)\n", rev, onOff[o.Connect.CRC])
+	fmt.Fprintf(w, " Peer            : perftest %s\n", r.PeerVersion)
+	fmt.Fprintln(w, ResultLine)
+	rdma := r.Test != SendBW && r.Test != SendLat
+	fmt.Fprint(w, addressLines("local", &r.LocalDest, rdma))
+	fmt.Fprint(w, addressLines("remote", &r.RemoteDest, rdma))
+	fmt.Fprintln(w, ResultLine)
+	switch {
+	case r.Test == ReadLat && r.Server:
+		fmt.Fprintln(w, " the read_lat client measures; this server answered its Reads")
+	case r.Test.Latency():
+		fmt.Fprintln(w, LatResultHeader)
+		fmt.Fprintln(w, r.Lat.Line())
+	case r.Server && r.Test != SendBW:
+		// perftest's write_bw and read_bw servers print the client's report.
+		fmt.Fprintln(w, ResultHeader)
+		fmt.Fprintln(w, r.Remote.Line())
+	default:
+		fmt.Fprintln(w, ResultHeader)
+		fmt.Fprintln(w, r.Local.Line())
+	}
+	fmt.Fprintln(w, ResultLine)
+	switch {
+	case r.Server && (r.Test == WriteBW || r.Test == ReadBW):
+		fmt.Fprintln(w, " (the client's figures, as perftest's server prints them; the server measures nothing)")
+	case !r.Server && r.Test == SendBW:
+		fmt.Fprintln(w, " (the send_bw server measured the receive side itself and printed its figures there)")
+	case !r.Server && (r.Test == WriteBW || r.Test == ReadBW) && r.Remote.Measured(o.Size):
+		fmt.Fprintln(w, " server's report:")
+		fmt.Fprintln(w, r.Remote.Line())
+	}
+}
+
+// JSON returns the result as a flat object for -json.
+func (r *Result) JSON(o *Options) map[string]any {
+	role := "client"
+	if r.Server {
+		role = "server"
+	}
+	out := map[string]any{"test": r.Test, "role": role, "peer_version": r.PeerVersion,
+		"crc_asked": o.Connect.CRC}
+	bw := func(rep *Report) map[string]any {
+		return map[string]any{"size": rep.Size, "iters": rep.Iters,
+			"bw_peak_MBps": rep.BWPeak, "bw_avg_MBps": rep.BWAvg, "msg_rate_Mpps": rep.MsgRateMpps}
+	}
+	switch {
+	case r.Test == ReadLat && r.Server:
+		out["size"], out["iters"] = o.Size, o.Iters
+	case r.Test.Latency():
+		l := r.Lat
+		out["size"], out["iters"] = l.Size, l.Iters
+		out["latency_usec"] = map[string]any{"min": l.Min, "max": l.Max, "typical": l.Typical,
+			"avg": l.Avg, "stdev": l.Stdev, "p99": l.P99, "p99_9": l.P999}
+	case r.Server && r.Test != SendBW:
+		out["size"], out["iters"] = r.Remote.Size, r.Remote.Iters
+		out["client_report"] = bw(&r.Remote)
+	default:
+		for k, v := range bw(&r.Local) {
+			out[k] = v
+		}
+		if !r.Server && r.Test != SendBW && r.Remote.Measured(o.Size) {
+			out["server_report"] = bw(&r.Remote)
+		}
+	}
+	return out
+}

@@ -1,0 +1,196 @@
+package siwtest
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// latLine matches a latency result line: bytes, iterations, t_min, t_max,
+// t_typical, t_avg (µs).
+var latLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s`)
+
+func (c perfCase) lat() bool { return strings.HasSuffix(c.test, "_lat") }
+
+func (c perfCase) sized() perfCase {
+	if c.size == 0 {
+		c.size = 65536
+		if c.lat() {
+			c.size = 2
+		}
+	}
+	return c
+}
+
+func (c perfCase) serverName() string {
+	c = c.sized()
+	n := fmt.Sprintf("perftest-server/%s/%dx%d", c.test, c.size, c.iters)
+	for _, f := range c.flags {
+		n += strings.ReplaceAll(f, "-", "_")
+	}
+	return n
+}
+
+// withRetry runs once, and once more if a run that Sends to siw failed
+// while siw logged its MO miscount (docs/interop.md §11).
+func (s *suite) withRetry(ctx context.Context, t *testing.T, sendsToSiw bool, once func() (string, []string)) string {
+	for attempt := 1; ; attempt++ {
+		seen := 0
+		if sendsToSiw {
+			seen = s.siwMOMiscounts(ctx)
+		}
+		detail, problems := once()
+		if len(problems) == 0 {
+			if attempt > 1 {
+				detail += " (second run; the first hit siw's MO miscount, docs/interop.md §11)"
+			}
+			return detail
+		}
+		if attempt == 1 && sendsToSiw && s.siwMOMiscounts(ctx) > seen {
+			t.Logf("siw miscounted a Send's FPDU (docs/interop.md §11); running the scenario once more. First run:\n%s", strings.Join(problems, "\n"))
+			continue
+		}
+		for _, p := range problems {
+			t.Error(p)
+		}
+		return detail
+	}
+}
+
+// plausibleLat checks two latency lines of the same ping-pong: the same
+// size and count, ordered figures, and typical latencies that agree
+// (each side times the same round trips, shifted by half of one).
+func plausibleLat(mine, theirs []string, c perfCase, fail func(string, ...any)) {
+	if mine[1] != strconv.Itoa(c.size) || mine[2] != strconv.Itoa(c.iters) {
+		fail("gowarp's report is for %s × %s, want %d × %d", mine[1], mine[2], c.size, c.iters)
+	}
+	f := func(s string) float64 { v, _ := strconv.ParseFloat(s, 64); return v }
+	lo, hi, typ := f(mine[3]), f(mine[4]), f(mine[5])
+	if !(lo > 0 && lo <= typ && typ <= hi && typ < 1e6) {
+		fail("gowarp's latency figures min %v typical %v max %v", lo, typ, hi)
+	}
+	if theirs == nil {
+		return
+	}
+	if mine[1] != theirs[1] || mine[2] != theirs[2] {
+		fail("gowarp ran %s × %s, perftest %s × %s", mine[1], mine[2], theirs[1], theirs[2])
+	}
+	if t := f(theirs[5]); !(t > 0 && typ/t < 3 && t/typ < 3) {
+		fail("typical latency: gowarp %v µs, perftest %v µs: more than 3× apart", typ, t)
+	}
+}
+
+// perftestLatClient: ib_*_lat -R in the guest, gowarp perftest as its
+// client.
+func (s *suite) perftestLatClient(t *testing.T, c perfCase) {
+	ctx := ctxFor(t, 4*time.Minute)
+	c = c.sized()
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	detail = s.withRetry(ctx, t, c.test == "send_lat", func() (detail string, problems []string) {
+		fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+		job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d", c.test, guestPerftestPort, c.iters, c.size), 3*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"perftest", "-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
+		args = append(args, c.test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))
+		h, err := startHost(ctx, s.bin, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := h.wait(ctx)
+		if err != nil {
+			fail("gowarp perftest: %v\n%s", err, out)
+		}
+		rc, gout, err := job.wait(ctx)
+		if err != nil || rc != 0 {
+			fail("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, gout)
+		}
+		mine, theirs := latLine.FindStringSubmatch(out), latLine.FindStringSubmatch(gout)
+		if mine == nil || (theirs == nil && c.test != "read_lat") {
+			fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+			return "", problems
+		}
+		plausibleLat(mine, theirs, c, fail)
+		detail = fmt.Sprintf("gowarp measured %s µs typical (avg %s)", mine[5], mine[6])
+		if theirs != nil {
+			detail += fmt.Sprintf("; siw's server %s µs typical (avg %s)", theirs[5], theirs[6])
+		} else {
+			detail += "; the read_lat server measures nothing"
+		}
+		return detail, problems
+	})
+}
+
+// perftestServer: gowarp perftest as the server, ib_* -R in the guest as
+// its client, for every test.
+func (s *suite) perftestServer(t *testing.T, c perfCase) {
+	ctx := ctxFor(t, 4*time.Minute)
+	c = c.sized()
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	// gowarp Sends to siw in send_lat only (the send_bw server Writes
+	// credits).
+	detail = s.withRetry(ctx, t, c.test == "send_lat", func() (detail string, problems []string) {
+		fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+		args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve),
+			"-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
+		h, err := startHost(ctx, s.bin, append(args, c.test)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // let it listen
+		rc, gout, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d %s %s",
+			c.test, guestServePort, c.iters, c.size, hostFromGuest, stderr), 3*time.Minute)
+		if err != nil || rc != 0 {
+			fail("guest ib_%s client: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
+		}
+		out, err := h.wait(ctx)
+		if err != nil {
+			fail("gowarp perftest server: %v\n%s", err, tail([]byte(out), 3000))
+		}
+		if c.lat() {
+			mine, theirs := latLine.FindStringSubmatch(out), latLine.FindStringSubmatch(gout)
+			if c.test == "read_lat" {
+				// Only the client measures; the server answered its Reads.
+				if theirs == nil || !strings.Contains(out, "answered its Reads") {
+					fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+					return "", problems
+				}
+				plausibleLat(theirs, nil, c, fail)
+				return fmt.Sprintf("siw's client measured %s µs typical (avg %s) reading from gowarp", theirs[5], theirs[6]), problems
+			}
+			if mine == nil || theirs == nil {
+				fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+				return "", problems
+			}
+			plausibleLat(mine, theirs, c, fail)
+			return fmt.Sprintf("gowarp measured %s µs typical (avg %s); siw's client %s µs typical (avg %s)", mine[5], mine[6], theirs[5], theirs[6]), problems
+		}
+		mine, theirs := reportLine.FindStringSubmatch(out), reportLine.FindStringSubmatch(gout)
+		if mine == nil || theirs == nil {
+			fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+			return "", problems
+		}
+		if mine[1] != theirs[1] || mine[2] != theirs[2] || mine[1] != strconv.Itoa(c.size) || mine[2] != strconv.Itoa(c.iters) {
+			fail("gowarp's report is for %s × %s, siw's client's %s × %s, want %d × %d", mine[1], mine[2], theirs[1], theirs[2], c.size, c.iters)
+		}
+		if c.test == "send_bw" {
+			if bw, _ := strconv.ParseFloat(mine[4], 64); bw <= 0 {
+				fail("gowarp's send_bw server measured %s MB/s", mine[4])
+			}
+			return fmt.Sprintf("gowarp received at %s MB/s avg; siw's client sent at %s MB/s avg (peak %s)", mine[4], theirs[4], theirs[3]), problems
+		}
+		// write_bw and read_bw servers print the client's report, received
+		// over the control connection.
+		if mine[3] != theirs[3] || mine[4] != theirs[4] || mine[5] != theirs[5] {
+			fail("gowarp printed %v, siw's client %v", mine[1:], theirs[1:])
+		}
+		return fmt.Sprintf("siw's client measured %s MB/s avg (peak %s), gowarp printed the same", theirs[4], theirs[3]), problems
+	})
+}
