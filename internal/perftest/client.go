@@ -208,8 +208,10 @@ func Run(ctx context.Context, dev *gowarp.Device, o Options) (*Result, error) {
 	// complete the server's last Send with an error (it suspends
 	// transmission when the peer's FIN arrives, before the Send's
 	// completion is written).
+	// write_lat has no closing handshake: its client closes as soon as
+	// its last Write has completed.
 	s.logf("closing")
-	for deadline := time.Now().Add(3 * time.Second); s.c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(3 * time.Second); o.Test != WriteLat && s.c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -251,6 +253,14 @@ func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, o Optio
 		return nil, err
 	}
 	// perftest's server closes first, once its last answer is sent.
+	// write_lat ends with no closing handshake, on the client's last
+	// Write: give the client a moment to see its own last completion
+	// before the close flushes it.
+	if o.Test == WriteLat {
+		for deadline := time.Now().Add(2 * time.Second); s.c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	s.logf("closing")
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
