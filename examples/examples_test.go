@@ -23,9 +23,10 @@ import (
 var examples = []string{"sendrecv", "readbuf", "writenotify", "sharedcq"}
 
 var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
+	buildFlags []string // more flags for go build
+	buildOnce  sync.Once
+	binDir     string
+	buildErr   error
 )
 
 // bin builds every example once and returns the path of one.
@@ -36,7 +37,8 @@ func bin(t *testing.T, name string) string {
 		if buildErr != nil {
 			return
 		}
-		args := []string{"build", "-o", binDir + string(filepath.Separator)}
+		args := append([]string{"build"}, buildFlags...)
+		args = append(args, "-o", binDir+string(filepath.Separator))
 		for _, e := range examples {
 			args = append(args, "./"+e)
 		}
