@@ -75,7 +75,12 @@ func TestGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer v.Stop()
+	defer func() {
+		v.Stop()
+		if !t.Failed() {
+			os.RemoveAll(v.Dir)
+		}
+	}()
 
 	rc, out, err := v.Run(ctx, "rdma link show; command -v rping rdma_server rdma_client ucmatose ib_write_bw ib_send_lat ibv_devinfo", time.Minute)
 	if err != nil || rc != 0 || !strings.Contains(out, "siw0") || strings.Count(out, "/usr/bin/") != 7 {

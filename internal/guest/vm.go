@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,11 +137,22 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 	cmd.Stdout, cmd.Stderr = out, out
 	os.WriteFile(filepath.Join(dir, "qemu.cmd"), []byte(strings.Join(cmd.Args, " ")+"\n"), 0o644)
 	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	v := &VM{Dir: dir, Accel: accel, next: 1, cmd: cmd, exited: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		// Pdeathsig fires when the thread that started QEMU ends, not
+		// the process: this goroutine keeps its thread until QEMU is gone.
+		runtime.LockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			cmd.Wait()
+		}
+		close(v.exited)
+	}()
+	if err := <-started; err != nil {
 		return nil, fmt.Errorf("guest: starting QEMU: %w", err)
 	}
-	v := &VM{Dir: dir, Accel: accel, next: 1, cmd: cmd, exited: make(chan struct{})}
-	go func() { cmd.Wait(); close(v.exited) }()
 	limit := cfg.Limit
 	if limit == 0 {
 		limit = 30 * time.Minute
