@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,7 +62,7 @@ func TestTerminateBeforeClose(t *testing.T) {
 			p.send(h, nil, nil)
 		}, wire.ErrDDPUntaggedVersion},
 	}
-	reps := 20
+	reps := 10
 	if testing.Short() {
 		reps = 3
 	}
@@ -191,6 +193,7 @@ func readTerminate(p *rawPeer) (wire.Terminate, error) {
 // Close while a Terminate waits behind Read Responses the socket cannot
 // take: Close gives the Terminate up after its deadline and returns.
 func TestCloseBoundedForSilentPeer(t *testing.T) {
+	t.Parallel() // most of it is the Terminate's deadline
 	s := newServer(t, gowarp.ConnectOptions{IRD: 1})
 	src, err := s.pd.Register(make([]byte, 32<<20), gowarp.RemoteRead)
 	if err != nil {
@@ -239,21 +242,34 @@ func TestDeliveredSendCompletes(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			dev := gowarp.Open()
 			pd := dev.AllocPD()
-			ln, err := dev.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			flushed := 0
-			for i := range sessions {
-				if err := requestReply(dev, pd, ln, mode); err != nil {
-					if !errors.Is(err, gowarp.WRFlushError) {
-						t.Fatalf("session %d: %v", i, err)
-					}
-					flushed++
+			// Sessions run a few at a time (the server's think time is
+			// sleep), each runner with its own listener.
+			var flushed atomic.Int32
+			var wg sync.WaitGroup
+			next := make(chan int)
+			for range 6 {
+				ln, err := dev.Listen("127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
 				}
+				defer ln.Close()
+				wg.Go(func() {
+					for i := range next {
+						if err := requestReply(dev, pd, ln, mode); err != nil {
+							if !errors.Is(err, gowarp.WRFlushError) {
+								t.Errorf("session %d: %v", i, err)
+							}
+							flushed.Add(1)
+						}
+					}
+				})
 			}
-			if flushed > 0 {
+			for i := range sessions {
+				next <- i
+			}
+			close(next)
+			wg.Wait()
+			if flushed := flushed.Load(); flushed > 0 {
 				t.Errorf("%d of %d delivered replies completed flushed", flushed, sessions)
 			}
 		})
