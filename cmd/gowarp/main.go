@@ -3,6 +3,7 @@
 //	gowarp perf [flags]       bandwidth and latency of RDMA Write, Read and Send vs plain TCP
 //	gowarp ping [flags]       rping's protocol, as client or server
 //	gowarp perftest [flags]   perftest's -R exchange, against rdma-core's ib_* tools
+//	gowarp rpc bench [flags]  RPC over gowarp next to gRPC-go
 //	gowarp version            the module version and VCS revision it was built from
 //
 // Run "gowarp <command> -h" for a command's flags. Exit status: 0 when the
@@ -103,6 +104,11 @@ exit status:
 // hides what a flag does when it is not given.
 func printFlags(fs *flag.FlagSet) {
 	w := fs.Output()
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		fmt.Fprintln(w, "  none")
+	}
 	fs.VisitAll(func(f *flag.Flag) {
 		name, help := flag.UnquoteUsage(f)
 		line := "  -" + f.Name

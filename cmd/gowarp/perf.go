@@ -33,6 +33,7 @@ write_lat, read_lat, send_lat and tcp_lat at 8 bytes, 1 s each.
 
   gowarp perf -server :7174          serve until interrupted
   gowarp perf -client host:7174      run the tests against it
+  gowarp perf -sweep -plot perf.svg  every test from 2 B to 1 MiB, drawn as curves
 
 The plain-TCP tests (tcp_bw, tcp_lat) use the port after ADDR's (7175
 above); the server listens on both.
