@@ -46,7 +46,7 @@ type Client struct {
 	stop      context.CancelFunc
 	abandoned atomic.Int32 // calls given up on, whose replies are still to come
 	once      sync.Once
-	err    error // why the session ended; read after closed
+	err       error // why the session ended; read after closed
 }
 
 // Slot states.
