@@ -170,8 +170,8 @@ func (r *Ref) WriteAt(p []byte, off int64) (int, error) {
 
 // op posts one Read or Write between local memory mr and the span at
 // off and waits for it. If the call's context ends first, the session
-// is torn down: its completion (flushed) is then certain, and memory it
-// targets is never written after op returns.
+// is torn down (its queue pair closed before close returns), so memory
+// the operation targets is never written after op returns.
 func (r *Ref) op(kind gowarp.WROp, mr *gowarp.MR, n int, off int64) error {
 	x := r.call.sess
 	wr := gowarp.SendWR{
@@ -195,9 +195,12 @@ func (r *Ref) op(kind gowarp.WROp, mr *gowarp.MR, n int, off int64) error {
 	var st gowarp.Status
 	select {
 	case st = <-r.done:
+	case <-x.ctx.Done():
+		// The session closed its queue pair before it said so: nothing
+		// lands in mr any more.
+		return fmt.Errorf("%w: %w", ErrSessionClosed, context.Cause(x.ctx))
 	case <-r.call.ctx.Done():
 		x.close(fmt.Errorf("rpc: %s: %w", r.call.method.name, context.Cause(&r.call.ctx)))
-		<-r.done
 		return fmt.Errorf("rpc: %w", r.call.ctx.Err())
 	}
 	if st != gowarp.Success {

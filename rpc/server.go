@@ -207,22 +207,25 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 			c.refs[j].call = c
 		}
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		x.qp.Close()
-		return errors.Join(ErrSessionClosed, req.Reject(nil))
-	}
-	s.sessions[x] = struct{}{}
-	s.mu.Unlock()
 	reply := hello{Slots: uint16(n), MaxMessage: uint32(msg), Session: x.id}.append(nil)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// The session joins the server's only once accepted: Close must not
+	// close a queue pair that Accept is still setting up.
 	if err := req.Accept(actx, x.qp, gowarp.ConnectOptions{PrivateData: reply, IRD: 16, ORD: 128}); err != nil {
 		x.close(err)
 		<-x.gone
 		return err
 	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		x.close(ErrSessionClosed)
+		<-x.gone
+		return ErrSessionClosed
+	}
+	s.sessions[x] = struct{}{}
+	s.mu.Unlock()
 	go x.poll()
 	return nil
 }
@@ -231,8 +234,8 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 // end; the memory is deregistered once they have returned.
 func (x *session) close(why error) {
 	x.once.Do(func() {
+		x.qp.Close() // first: a reference waiting on the session's context may reuse its memory
 		x.cancel(why)
-		x.qp.Close()
 		for i := range x.calls {
 			x.calls[i].ctx.cancel(fmt.Errorf("%w: %w", ErrSessionClosed, why))
 		}
@@ -298,7 +301,10 @@ func (x *session) opDone(w *gowarp.Completion) {
 	if slot >= len(x.calls) || j >= MaxRefs {
 		return
 	}
-	x.calls[slot].refs[j].done <- w.Status
+	select {
+	case x.calls[slot].refs[j].done <- w.Status:
+	default: // nobody can be waiting: a second completion is the peer's fault
+	}
 }
 
 // onMessage handles the message in receive buffer k.
