@@ -185,8 +185,8 @@ func (q *QP) Prepare(wr *SendWR) (*Prepared, error) {
 	p.s.wr.SGL, p.s.wr.ID, p.s.wr.Flags = nil, 0, wr.Flags&^Signaled
 	p.s.nsge = copy(p.s.sges[:], wr.SGL)
 	p.s.tmpl = makeTmpl(wr, wr.SGL)
-	for i := range p.s.nsge {
-		p.s.sges[i].MR.Acquire()
+	if err := pinSGEs(p.s.sges[:p.s.nsge]); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
@@ -221,6 +221,13 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 			return i, err
 		}
 		e.pre = &p.s
+		// Each copy pins the regions until it retires, so Deregister
+		// refuses while it is outstanding, even after Release. The
+		// Prepared's own pin (held: released is false under q.mu) keeps
+		// them from being deregistered meanwhile.
+		for j := range p.s.nsge {
+			p.s.sges[j].MR.Acquire()
+		}
 		e.wr.ID, e.wr.Op, e.wr.Flags = id+uint64(i), p.s.wr.Op, p.s.wr.Flags
 		if signaled && i == n-1 {
 			e.wr.Flags |= Signaled
@@ -237,7 +244,7 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 }
 
 // Release unpins the prepared request's regions; later posts fail. Work
-// already posted is not affected.
+// already posted is not affected: it pins them until it completes.
 func (p *Prepared) Release() {
 	p.q.mu.Lock()
 	defer p.q.mu.Unlock()
@@ -245,9 +252,7 @@ func (p *Prepared) Release() {
 		return
 	}
 	p.released = true
-	for i := range p.s.nsge {
-		p.s.sges[i].MR.Release()
-	}
+	unpinSGEs(p.s.sges[:p.s.nsge])
 }
 
 // putTmpl writes a work request's header template into b for one FPDU,

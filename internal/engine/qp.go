@@ -199,6 +199,7 @@ type QP struct {
 	// txCloses: the queue pair failed while the role was held; its holder
 	// flushes the send queue and closes the link when it lets go.
 	txCloses bool
+	txGone   bool // the transmit goroutine has ended
 	txWake   chan struct{}
 	tx       txState
 
@@ -397,10 +398,10 @@ func (q *QP) postSendLocked(wr *SendWR) error {
 	}
 	e.wr, e.length, e.tmpl = *wr, sh.length, sh.tmpl
 	e.wr.SGL = nil
-	e.nsge = copy(e.sges[:], wr.SGL)
-	for i := range e.nsge {
-		e.sges[i].MR.Acquire()
+	if err := pinSGEs(wr.SGL); err != nil {
+		return err
 	}
+	e.nsge = copy(e.sges[:], wr.SGL)
 	if wr.Op == OpRead {
 		e.readsLeft = max(1, e.nsge)
 	}
@@ -463,12 +464,12 @@ func (q *QP) postRecvLocked(wr *RecvWR) error {
 	if q.rqTail-q.rqHead == uint64(len(q.rq)) {
 		return ErrQueueFull
 	}
+	if err := pinSGEs(wr.SGL); err != nil {
+		return err
+	}
 	e := &q.rq[q.rqTail%uint64(len(q.rq))]
 	e.id, e.length = wr.ID, total
 	e.nsge = copy(e.sges[:], wr.SGL)
-	for i := range e.nsge {
-		e.sges[i].MR.Acquire()
-	}
 	q.rqTail++
 	return nil
 }
@@ -487,6 +488,24 @@ func checkLocal(s *SGE, write bool) error {
 		return fmt.Errorf("%w: region %v lacks local write access", ErrLocalAccess, s.MR.STag())
 	}
 	return nil
+}
+
+// pinSGEs pins the regions of a work request's SGEs, which were checked
+// before; a region whose Deregister has begun since fails it.
+func pinSGEs(sges []SGE) error {
+	for i := range sges {
+		if !sges[i].MR.TryAcquire() {
+			unpinSGEs(sges[:i])
+			return fmt.Errorf("%w: region %v is deregistered", ErrLocalAccess, sges[i].MR.STag())
+		}
+	}
+	return nil
+}
+
+func unpinSGEs(sges []SGE) {
+	for i := range sges {
+		sges[i].MR.Release()
+	}
 }
 
 // kick starts the transmit path.
@@ -526,6 +545,11 @@ func (q *QP) kickAsyncLocked() {
 
 // handTxLocked passes the held transmit role to the transmit goroutine.
 func (q *QP) handTxLocked() {
+	if q.txGone {
+		// No one will write the batch: let its regions go.
+		q.tx.unholdAll()
+		return
+	}
 	q.txHanded = true
 	q.wakeTx()
 }
@@ -543,6 +567,14 @@ func (q *QP) wakeTx() {
 // left to send.
 func (q *QP) txLoop() {
 	defer q.wg.Done()
+	defer func() {
+		q.mu.Lock()
+		q.txGone = true
+		if q.txHanded {
+			q.tx.unholdAll() // a batch handed over that no one will write
+		}
+		q.mu.Unlock()
+	}()
 	ackTimer := time.NewTimer(time.Hour)
 	ackTimer.Stop()
 	for {
@@ -596,6 +628,9 @@ func (q *QP) retireLocked(fromRx bool) {
 		for i := range e.nsge {
 			e.sges[i].MR.Release()
 			e.sges[i] = SGE{}
+		}
+		if e.pre != nil {
+			unpinSGEs(e.pre.sges[:e.pre.nsge]) // PostN pinned them for this copy
 		}
 		if e.wr.Flags&Signaled != 0 || e.status != Success {
 			c := Completion{ID: e.wr.ID, QP: q, Op: compOp(e.wr.Op), Status: e.status, Bytes: e.length}
@@ -755,7 +790,7 @@ func (q *QP) flushLocked() {
 	for ; q.irqHead < q.irqTail; q.irqHead++ {
 		e := &q.irq[q.irqHead%uint64(len(q.irq))]
 		if e.region != nil {
-			e.region.Release()
+			e.region.Unhold()
 		}
 		*e = irqEntry{}
 	}

@@ -44,6 +44,12 @@ type rxState struct {
 	hlen int // bytes of head in use
 	ulen int // ULPDU length of the current FPDU
 
+	// held are the regions dst lies in, each with a hold taken for the
+	// placement (see mem.Region.TryHold), so that a Deregister waits for
+	// it; nheld are in use.
+	held  [MaxSGE]*mem.Region
+	nheld int
+
 	msn [3]uint32 // next expected MSN per queue number
 
 	dl time.Time // the read deadline the holder of the path last set
@@ -485,39 +491,35 @@ func (r *rxState) fpdu() error {
 	}
 	first := !q.peerUp.Load()
 
-	// Find where the payload goes; every check happens before a byte lands.
-	var region *mem.Region
+	// Find where the payload goes; every check happens before a byte
+	// lands, and after the memory is held (r.held).
+	var region, src *mem.Region
 	var rr wire.ReadRequest
 	r.dst = r.dst[:0]
 	switch h.Opcode {
 	case wire.OpWrite:
 		if payload > 0 {
-			if region, err = r.tagged(&h, payload); err != nil {
-				return err
-			}
+			region, err = r.tagged(&h, payload)
 		}
 	case wire.OpReadResponse:
-		if err := r.response(&h, payload); err != nil {
-			return err
-		}
+		err = r.response(&h, payload)
 	case wire.OpReadRequest:
-		if rr, err = r.readRequest(&h); err != nil {
-			return err
-		}
+		rr, src, err = r.readRequest(&h)
 	default: // the Sends
-		if err := r.send(&h, payload); err != nil {
-			return err
-		}
+		err = r.send(&h, payload)
 	}
-	r.r += 2 + n + info.Extra
-	err = r.placeAndCheck(payload, crc)
-	if region != nil {
-		if err == nil {
+	if err == nil {
+		r.r += 2 + n + info.Extra
+		err = r.placeAndCheck(payload, crc)
+		if region != nil && err == nil {
 			region.AddPlaced(payload)
 		}
-		region.Release()
 	}
+	r.unhold()
 	if err != nil {
+		if src != nil {
+			src.Unhold()
+		}
 		return err
 	}
 
@@ -527,9 +529,7 @@ func (r *rxState) fpdu() error {
 	case wire.OpReadResponse:
 		r.responsePlaced(&h, payload)
 	case wire.OpReadRequest:
-		if err := r.queueRead(&rr); err != nil {
-			return err
-		}
+		r.queueRead(&rr, src)
 	default:
 		if err := r.sendPlaced(&h, payload); err != nil {
 			return err
@@ -589,18 +589,36 @@ func checkHeader(h *wire.Header) error {
 	return nil
 }
 
+// hold keeps a hold taken on region for the current placement.
+func (r *rxState) hold(region *mem.Region) {
+	r.held[r.nheld] = region
+	r.nheld++
+}
+
+// unhold ends the holds of the current placement.
+func (r *rxState) unhold() {
+	for i := range r.nheld {
+		r.held[i].Unhold()
+		r.held[i] = nil
+	}
+	r.nheld = 0
+}
+
 // tagged resolves an RDMA Write's target: the STag, this connection's
-// protection domain, the remote-write right and the bounds.
+// protection domain, the remote-write right and the bounds. The region is
+// held before it is judged, so it cannot be deregistered in between.
 func (r *rxState) tagged(h *wire.Header, n int) (*mem.Region, error) {
 	q := r.q
-	region, why := q.cfg.Table.Lookup(mem.STag(h.STag))
+	region, why := q.cfg.Table.LookupHold(mem.STag(h.STag))
 	if why == mem.OK {
-		why = region.CheckRemote(q.cfg.PD, mem.RemoteWrite, h.TO, uint64(n))
+		if why = region.CheckRemote(q.cfg.PD, mem.RemoteWrite, h.TO, uint64(n)); why != mem.OK {
+			region.Unhold()
+		}
 	}
 	if why != mem.OK {
 		return nil, newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
 	}
-	region.Acquire()
+	r.hold(region)
 	r.dst = region.Slices(r.dst, h.TO-region.Addr(), uint64(n))
 	return region, nil
 }
@@ -654,6 +672,12 @@ func (r *rxState) response(h *wire.Header, n int) error {
 		return newFault(wire.ErrDDPBaseBounds, "Read Response ends after %d of %d bytes", o.placed+n, o.sge.Length)
 	}
 	if n > 0 {
+		// The Read pins the sink; a flush drops the pin while this
+		// goroutine may be placing, so the placement holds it too.
+		if !o.sge.MR.TryHold() {
+			return newFault(wire.ErrDDPInvalidSTag, "Read Response to STag %#08x, deregistered", h.STag)
+		}
+		r.hold(o.sge.MR)
 		r.dst = o.sge.MR.Slices(r.dst, uint64(o.sge.Offset+o.placed), uint64(n))
 	}
 	return nil
@@ -693,54 +717,56 @@ func (r *rxState) responsePlaced(h *wire.Header, n int) {
 
 // readRequest checks an inbound Read Request: its MSN, the IRD limit, and
 // the source memory (STag, domain, remote-read right, bounds). A
-// zero-length Read (an RTR, or a flush) touches no memory and is not checked.
-func (r *rxState) readRequest(h *wire.Header) (wire.ReadRequest, error) {
+// zero-length Read (an RTR, or a flush) touches no memory and is not
+// checked. The source region is returned held, until its last byte is
+// written (see queueRead).
+func (r *rxState) readRequest(h *wire.Header) (wire.ReadRequest, *mem.Region, error) {
 	q := r.q
 	rr, _, _ := wire.ParseReadRequest(r.head[wire.UntaggedHeaderLen:r.hlen])
 	if h.MSN != r.msn[wire.QNRead] {
-		return rr, newFault(wire.ErrDDPInvalidMSN, "Read Request MSN %d, expected %d", h.MSN, r.msn[wire.QNRead])
+		return rr, nil, newFault(wire.ErrDDPInvalidMSN, "Read Request MSN %d, expected %d", h.MSN, r.msn[wire.QNRead])
 	}
 	if h.MO != 0 {
-		return rr, newFault(wire.ErrDDPInvalidMO, "Read Request at MO %d", h.MO)
+		return rr, nil, newFault(wire.ErrDDPInvalidMO, "Read Request at MO %d", h.MO)
 	}
 	q.mu.Lock()
 	full := q.irqTail-q.irqHead == uint64(len(q.irq))
 	q.mu.Unlock()
 	if full {
-		return rr, newFault(wire.ErrRDMAPStream, "Read Request beyond IRD %d", len(q.irq))
+		return rr, nil, newFault(wire.ErrRDMAPStream, "Read Request beyond IRD %d", len(q.irq))
 	}
-	if rr.Size > 0 {
-		region, why := q.cfg.Table.Lookup(mem.STag(rr.SourceSTag))
-		if why == mem.OK {
-			why = region.CheckRemote(q.cfg.PD, mem.RemoteRead, rr.SourceTO, uint64(rr.Size))
-		}
-		if why != mem.OK {
-			return rr, newFault(rdmapError(why), "Read of %d bytes from STag %#08x TO %#x", rr.Size, rr.SourceSTag, rr.SourceTO)
+	if rr.Size == 0 {
+		return rr, nil, nil
+	}
+	region, why := q.cfg.Table.LookupHold(mem.STag(rr.SourceSTag))
+	if why == mem.OK {
+		if why = region.CheckRemote(q.cfg.PD, mem.RemoteRead, rr.SourceTO, uint64(rr.Size)); why != mem.OK {
+			region.Unhold()
 		}
 	}
-	return rr, nil
+	if why != mem.OK {
+		return rr, nil, newFault(rdmapError(why), "Read of %d bytes from STag %#08x TO %#x", rr.Size, rr.SourceSTag, rr.SourceTO)
+	}
+	return rr, region, nil
 }
 
-// queueRead puts a checked Read Request on the IRQ for the transmit path.
-func (r *rxState) queueRead(rr *wire.ReadRequest) error {
+// queueRead puts a checked Read Request on the IRQ for the transmit path,
+// with its source region held: the transmit path ends the hold once the
+// Read Response's last byte is written, a flush if it is never sent.
+func (r *rxState) queueRead(rr *wire.ReadRequest, region *mem.Region) {
 	q := r.q
 	r.msn[wire.QNRead]++
 	e := irqEntry{size: int(rr.Size), sinkSTag: rr.SinkSTag, sinkTO: rr.SinkTO}
-	if rr.Size > 0 {
-		region, why := q.cfg.Table.Lookup(mem.STag(rr.SourceSTag))
-		if why != mem.OK { // deregistered between check and queueing
-			return newFault(rdmapError(why), "Read source STag %#08x", rr.SourceSTag)
-		}
-		region.Acquire()
+	if region != nil {
 		e.region, e.srcOff = region, rr.SourceTO-region.Addr()
 	}
 	q.mu.Lock()
 	if s := q.State(); s != StateReady && s != StateClosing {
 		q.mu.Unlock()
 		if e.region != nil {
-			e.region.Release()
+			e.region.Unhold()
 		}
-		return nil
+		return
 	}
 	q.irq[q.irqTail%uint64(len(q.irq))] = e
 	q.irqTail++
@@ -749,7 +775,6 @@ func (r *rxState) queueRead(rr *wire.ReadRequest) error {
 	} else {
 		q.kickAsyncLocked() // a long answer must not hold up the receive path
 	}
-	return nil
 }
 
 // send checks a Send segment against the receive it fills: MSN and MO in
@@ -785,8 +810,36 @@ func (r *rxState) send(h *wire.Header, n int) error {
 		return &fault{term: wire.ErrDDPNoBuffer, status: LocalLengthError,
 			detail: fmt.Sprintf("Send of at least %d bytes into a receive of %d", r.recvBytes+n, r.recv.length)}
 	}
+	// The receive pins its regions; a flush drops the pins while this
+	// goroutine may be placing, so the placement holds them too.
+	if !r.holdSGEs(r.recv.sges[:r.recv.nsge], r.recvBytes, n) {
+		return net.ErrClosed // flushed and deregistered: the queue pair has failed
+	}
 	r.dst = sgeSlices(r.dst, r.recv.sges[:r.recv.nsge], r.recvBytes, n)
 	return nil
+}
+
+// holdSGEs holds the regions of the SGEs under [off, off+n) of an SGE
+// list. It reports false, holding none, if one is being deregistered.
+func (r *rxState) holdSGEs(sges []SGE, off, n int) bool {
+	for i := range sges {
+		s := &sges[i]
+		if n == 0 {
+			break
+		}
+		if off >= s.Length {
+			off -= s.Length
+			continue
+		}
+		if !s.MR.TryHold() {
+			r.unhold()
+			return false
+		}
+		r.hold(s.MR)
+		n -= min(n, s.Length-off)
+		off = 0
+	}
+	return true
 }
 
 // sgeSlices appends the memory of [off, off+n) of an SGE list.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
 )
 
@@ -50,6 +51,13 @@ type txState struct {
 	written  uint64 // bytes the socket has taken, ever
 	built    uint64 // stream offset at the end of the batch
 
+	// holds are the regions the batch's payload vectors point into, each
+	// held (mem.Region.Hold) until the batch is written or dropped: a
+	// flush unpins work requests while their bytes may still be going
+	// out, and Deregister must wait for those. Consecutive vectors of one
+	// region share a hold, so there are no more holds than vectors.
+	holds []*mem.Region
+
 	// Segmentation of the send-queue entry at sqTx.
 	off     int // message bytes framed
 	sge     int // SGE index and offset of the next payload byte
@@ -76,6 +84,7 @@ func (t *txState) init(q *QP, l Link) {
 	t.q, t.link, t.crc = q, l, q.params.CRC
 	t.iov = make([][]byte, 0, maxIov)
 	t.recs = make([]int, 0, maxIov)
+	t.holds = make([]*mem.Region, 0, maxIov)
 	t.arena = make([]byte, 0, txArena)
 	t.lastEnd = -1
 	seg := q.params.MaxFPDU
@@ -108,6 +117,7 @@ func (q *QP) transmit(block bool) {
 	t := &q.tx
 	for {
 		if t.left == 0 {
+			t.unholdAll()
 			q.mu.Lock()
 			q.markSentLocked()
 			if t.termSent {
@@ -144,6 +154,7 @@ func (q *QP) transmit(block bool) {
 				return
 			}
 			t.left, t.termSent = 0, false
+			t.unholdAll()
 			q.mu.Lock()
 			q.termPending = nil // a Terminate queued meanwhile cannot leave
 			closeLink := q.releaseTxLocked()
@@ -160,6 +171,25 @@ func (q *QP) transmit(block bool) {
 		}
 		t.advance(n)
 	}
+}
+
+// hold holds region for the batch, unless the last hold is of it already.
+// The caller holds a pin or a hold on region (see mem.Region.Hold).
+func (t *txState) hold(region *mem.Region) {
+	if n := len(t.holds); n > 0 && t.holds[n-1] == region {
+		return
+	}
+	region.Hold()
+	t.holds = append(t.holds, region)
+}
+
+// unholdAll ends the batch's holds: it is written, or will never be.
+func (t *txState) unholdAll() {
+	for i, r := range t.holds {
+		r.Unhold()
+		t.holds[i] = nil
+	}
+	t.holds = t.holds[:0]
 }
 
 // advance consumes n written bytes from the batch.
@@ -287,6 +317,7 @@ func (t *txState) addSGEs(sges []SGE, n int) {
 		s := &sges[t.sge]
 		k := min(n, s.Length-t.sgeOff)
 		if k > 0 {
+			t.hold(s.MR) // the work request pins it
 			t.iov = s.MR.Slices(t.iov, uint64(s.Offset+t.sgeOff), uint64(k))
 			t.lastEnd = -1
 		}
@@ -555,6 +586,7 @@ func (t *txState) frameReadResponse() {
 	t.opening(r.sent == 0, h.Last)
 	t.begin(&h, nil)
 	if n > 0 {
+		t.hold(r.region) // the IRQ entry holds it until its last FPDU is framed
 		t.iov = r.region.Slices(t.iov, r.srcOff+uint64(r.sent), uint64(n))
 		t.lastEnd = -1
 	}
@@ -563,7 +595,7 @@ func (t *txState) frameReadResponse() {
 	r.sent += n
 	if h.Last {
 		if r.region != nil {
-			r.region.Release()
+			r.region.Unhold() // the batch's hold remains until it is written
 		}
 		*r = irqEntry{}
 		q.irqHead++

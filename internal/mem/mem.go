@@ -11,9 +11,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -103,8 +105,14 @@ type Region struct {
 	starts []uint64
 	table  *Table
 
-	valid  atomic.Bool
-	refs   atomic.Int64  // outstanding local work requests and placements
+	valid atomic.Bool
+	// use counts the region's users (see the use* constants): pins of
+	// posted work requests and Prepared handles, which make Deregister
+	// refuse, and holds of accesses in progress (a placement, a Read
+	// Response or a batch being written), which Deregister waits for. Its
+	// top bit is set once Deregister has begun: no pin or hold is granted
+	// after that, so when the holds drain nothing can touch the memory.
+	use    atomic.Uint64
 	placed atomic.Uint64 // bytes placed into the region by peers
 
 	// WaitPlaced's waiters; nwait counts them so that AddPlaced, on the
@@ -120,6 +128,14 @@ type placedWaiter struct {
 	n  uint64
 	ch chan struct{}
 }
+
+// The fields of Region.use.
+const (
+	useClosed = 1 << 63            // Deregister has begun
+	usePin    = 1 << 32            // one pin
+	usePins   = useClosed - usePin // the pin count's bits
+	useHolds  = usePin - 1         // the hold count's bits
+)
 
 // STag returns the region's steering tag (the rkey/lkey of libibverbs).
 func (r *Region) STag() STag { return r.stag }
@@ -231,14 +247,51 @@ func (r *Region) wake(v uint64, valid bool) {
 	r.wmu.Unlock()
 }
 
-// Acquire marks the region in use by one more work request or placement.
-func (r *Region) Acquire() { r.refs.Add(1) }
+// TryAcquire pins the region for a local work request (a posted SGE, a
+// Prepared handle) unless Deregister has begun; Deregister refuses while
+// pins are held. The pin is taken before the region is judged valid, so
+// a Deregister either sees it or is seen by it.
+func (r *Region) TryAcquire() bool {
+	for {
+		u := r.use.Load()
+		if u&useClosed != 0 {
+			return false
+		}
+		if r.use.CompareAndSwap(u, u+usePin) {
+			return true
+		}
+	}
+}
 
-// Release undoes Acquire.
-func (r *Region) Release() { r.refs.Add(-1) }
+// Acquire pins the region once more. The caller must hold a pin on it
+// already (TryAcquire): only then is the region certain not to be
+// deregistered.
+func (r *Region) Acquire() { r.use.Add(usePin) }
+
+// Release undoes Acquire or TryAcquire.
+func (r *Region) Release() { r.use.Add(^uint64(usePin - 1)) }
+
+// TryHold marks an access to the region's memory in progress (a peer's
+// Write or Read Response being placed, a Read Request being answered)
+// unless Deregister has begun. Deregister waits for holds to end. It is
+// one atomic add: the data path's cost of Deregister's guarantee.
+func (r *Region) TryHold() bool {
+	if r.use.Add(1)&useClosed != 0 {
+		r.use.Add(^uint64(0))
+		return false
+	}
+	return true
+}
+
+// Hold adds a hold. The caller must hold a pin or a hold on the region
+// already, which keeps Deregister from finishing.
+func (r *Region) Hold() { r.use.Add(1) }
+
+// Unhold ends a hold.
+func (r *Region) Unhold() { r.use.Add(^uint64(0)) }
 
 // InUse reports whether work is outstanding on the region.
-func (r *Region) InUse() bool { return r.refs.Load() > 0 }
+func (r *Region) InUse() bool { return r.use.Load()&(usePins|useHolds) != 0 }
 
 // Contains reports whether [off, off+n) lies inside the region, offsets
 // counted from the region's start.
@@ -364,31 +417,97 @@ func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*R
 	return nil, ErrTableFull
 }
 
-// Deregister removes r from the table. It fails with ErrBusy while work
-// is outstanding on the region.
+// deregisterWait bounds how long Deregister waits for accesses in
+// progress: a peer that stops in the middle of an FPDU written into the
+// region, or does not read the Read Response it asked for, holds it.
+var deregisterWait = time.Second
+
+// Deregister removes r from the table. It fails with ErrBusy, changing
+// nothing, while work requests or Prepared handles pin the region.
+// Otherwise it invalidates the STag at once, so that no new access
+// begins, and waits for accesses in progress to end: once it returns nil,
+// neither a peer nor the engine touches the memory again. If they have
+// not ended within deregisterWait it fails with ErrBusy; the STag stays
+// invalid and Deregister may be called again.
 func (t *Table) Deregister(r *Region) error {
+	idx := r.stag.Index()
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.regions[r.stag.Index()] != r {
+	if t.regions[idx] != r {
+		t.mu.Unlock()
 		return ErrNotInTable
 	}
-	if r.InUse() {
-		return ErrBusy
+	for {
+		u := r.use.Load()
+		if pins := u & usePins; pins != 0 {
+			t.mu.Unlock()
+			return fmt.Errorf("%w: %d work requests pin it", ErrBusy, pins/usePin)
+		}
+		if r.use.CompareAndSwap(u, u|useClosed) {
+			break
+		}
 	}
 	r.valid.Store(false)
-	delete(t.regions, r.stag.Index())
-	r.wake(r.placed.Load(), false)
+	r.wake(r.placed.Load(), false) // nothing more can be waited for
+	t.mu.Unlock()
+	if !r.drain(deregisterWait) {
+		return fmt.Errorf("%w: accesses by peers still in progress after %v; the STag is invalid, deregister again", ErrBusy, deregisterWait)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.regions[idx] != r {
+		return ErrNotInTable // a concurrent Deregister finished first
+	}
+	delete(t.regions, idx)
 	return nil
 }
 
+// drain waits until no hold is left on r, or limit has passed. Holds last
+// as long as one FPDU takes to arrive or one batch to be written, so it
+// yields first and sleeps only if that was not enough.
+func (r *Region) drain(limit time.Duration) bool {
+	var deadline time.Time
+	sleep := 10 * time.Microsecond
+	for i := 0; r.use.Load()&useHolds != 0; i++ {
+		if i < 64 {
+			runtime.Gosched()
+			continue
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(limit)
+		} else if now.After(deadline) {
+			return false
+		}
+		time.Sleep(sleep)
+		sleep = min(2*sleep, time.Millisecond)
+	}
+	return true
+}
+
 // Lookup finds the region an STag names. A wrong key or an invalidated
-// region is InvalidSTag, as siw does (full 32-bit match).
+// region is InvalidSTag, as siw does (full 32-bit match). The region may
+// be deregistered at any moment after: take a hold (TryHold) before
+// touching its memory, and judge it (CheckRemote) after.
 func (t *Table) Lookup(s STag) (*Region, Reason) {
 	t.mu.RLock()
 	r := t.regions[s.Index()]
 	t.mu.RUnlock()
 	if r == nil || r.stag != s || !r.valid.Load() {
 		return nil, InvalidSTag
+	}
+	return r, OK
+}
+
+// LookupHold finds the region an STag names, as Lookup does, and takes a
+// hold on it (TryHold). The caller checks the access (CheckRemote) and
+// ends the hold (Unhold) when it is done with the memory.
+func (t *Table) LookupHold(s STag) (*Region, Reason) {
+	r, why := t.Lookup(s)
+	if why != OK {
+		return nil, why
+	}
+	if !r.TryHold() {
+		return nil, InvalidSTag // deregistered meanwhile
 	}
 	return r, OK
 }

@@ -1,0 +1,128 @@
+package mem
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func register(t testing.TB, tb *Table, o Options) *Region {
+	t.Helper()
+	r, err := tb.Register(1, [][]byte{make([]byte, 16)}, RemoteWrite|RemoteRead, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestLookup: an STag finds its region only with its own key, and not
+// after Deregister; lookups allocate nothing.
+func TestLookup(t *testing.T) {
+	tb := NewTable(1)
+	var regions []*Region
+	for range 100 {
+		regions = append(regions, register(t, tb, Options{}))
+	}
+	for _, r := range regions {
+		if got, why := tb.Lookup(r.STag()); got != r || why != OK {
+			t.Fatalf("Lookup(%v) = %p, %v", r.STag(), got, why)
+		}
+		if _, why := tb.Lookup(r.STag() ^ 1); why != InvalidSTag {
+			t.Fatalf("Lookup with a wrong key: %v", why)
+		}
+	}
+	s := regions[7].STag()
+	if a := testing.AllocsPerRun(1000, func() {
+		r, _ := tb.LookupHold(s)
+		r.Unhold()
+	}); a != 0 {
+		t.Errorf("LookupHold and Unhold allocate %v times", a)
+	}
+	if err := regions[7].Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	if _, why := tb.Lookup(s); why != InvalidSTag {
+		t.Fatalf("Lookup after Deregister: %v", why)
+	}
+	if err := regions[7].Deregister(); !errors.Is(err, ErrNotInTable) {
+		t.Fatalf("second Deregister: %v", err)
+	}
+}
+
+// TestDeregisterPinsAndHolds: a pinned region refuses Deregister and stays
+// valid; a held one is invalidated at once, and Deregister returns only
+// after the hold ends; no pin or hold is granted once Deregister began.
+func TestDeregisterPinsAndHolds(t *testing.T) {
+	defer func(d time.Duration) { deregisterWait = d }(deregisterWait)
+	deregisterWait = time.Minute // this test ends the hold itself
+	tb := NewTable(1)
+	r := register(t, tb, Options{})
+	if !r.TryAcquire() {
+		t.Fatal("TryAcquire of a registered region failed")
+	}
+	if err := r.Deregister(); !errors.Is(err, ErrBusy) || !r.Valid() {
+		t.Fatalf("Deregister of a pinned region: %v, valid %v", err, r.Valid())
+	}
+	r.Release()
+
+	if !r.TryHold() {
+		t.Fatal("TryHold of a registered region failed")
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Deregister() }()
+	for r.Valid() {
+		time.Sleep(10 * time.Microsecond) // Deregister invalidates first
+	}
+	if r.TryHold() || r.TryAcquire() {
+		t.Fatal("a hold or pin was granted after Deregister began")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Deregister returned (%v) while a hold was in progress", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	r.Unhold()
+	if err := <-done; err != nil {
+		t.Fatalf("Deregister after the hold ended: %v", err)
+	}
+	if r.InUse() || tb.Len() != 0 {
+		t.Fatalf("after Deregister: in use %v, %d regions", r.InUse(), tb.Len())
+	}
+}
+
+// TestDeregisterGivesUp: a hold that does not end (a peer stalled in the
+// middle of an FPDU) makes Deregister fail with ErrBusy after
+// deregisterWait, leaving the STag invalid; it succeeds once the hold ends.
+func TestDeregisterGivesUp(t *testing.T) {
+	defer func(d time.Duration) { deregisterWait = d }(deregisterWait)
+	deregisterWait = 5 * time.Millisecond
+	tb := NewTable(1)
+	r := register(t, tb, Options{})
+	if _, why := tb.LookupHold(r.STag()); why != OK {
+		t.Fatal(why)
+	}
+	if err := r.Deregister(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Deregister with a hold that does not end: %v", err)
+	}
+	if _, why := tb.Lookup(r.STag()); why != InvalidSTag || r.Valid() {
+		t.Fatalf("after a Deregister that gave up: Lookup %v, valid %v", why, r.Valid())
+	}
+	r.Unhold()
+	if err := r.Deregister(); err != nil {
+		t.Fatalf("Deregister again: %v", err)
+	}
+}
+
+func BenchmarkLookupHold(b *testing.B) {
+	tb := NewTable(1)
+	var stags []STag
+	for range 1000 {
+		stags = append(stags, register(b, tb, Options{}).STag())
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		r, _ := tb.LookupHold(stags[i%len(stags)])
+		r.Unhold()
+	}
+}
