@@ -26,7 +26,6 @@ package gowarp
 
 import (
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 
 	"github.com/gowarp/gowarp/internal/engine"
@@ -224,9 +223,9 @@ func WithEventBuffer(n int) DeviceOption {
 
 // Open returns a new device.
 func Open(opts ...DeviceOption) *Device {
-	// STag indexes start at a random point, as siw does, so that STags of
-	// a restarted process are unlikely to match stale ones.
-	d := &Device{table: mem.NewTable(rand.Uint32()), log: slog.Default()}
+	// STags are drawn at random per registration (mem.Table), so that a
+	// peer holding one cannot name another, nor a stale one a new region.
+	d := &Device{table: mem.NewTable(), log: slog.Default()}
 	for _, o := range opts {
 		o(d)
 	}

@@ -88,7 +88,7 @@ func (l *segLink) check(t *testing.T, name string) {
 // miscounts such Sends; docs/interop.md §11). Messages of one FPDU between
 // an eighth of a segment and a whole one are left to TCP to pack.
 func TestFPDUsAlignToSegments(t *testing.T) {
-	table := mem.NewTable(100)
+	table := mem.NewTable()
 	acq, bcq := NewCQ(1024), NewCQ(1024)
 	a, err := NewQP(Config{SendDepth: 64, RecvDepth: 64, SendCQ: acq, RecvCQ: acq, PD: 1, Table: table})
 	if err != nil {

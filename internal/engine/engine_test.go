@@ -62,7 +62,7 @@ type rig struct {
 // newRig connects two QPs over an in-memory pipe, skipping MPA.
 func newRig(t *testing.T, chunk, cutAfter int, crc bool) *rig {
 	t.Helper()
-	r := &rig{table: mem.NewTable(100), acq: NewCQ(1024), bcq: NewCQ(1024)}
+	r := &rig{table: mem.NewTable(), acq: NewCQ(1024), bcq: NewCQ(1024)}
 	var err error
 	if r.a, err = NewQP(Config{SendDepth: 64, RecvDepth: 64, SendCQ: r.acq, RecvCQ: r.acq, PD: 1, Table: r.table}); err != nil {
 		t.Fatal(err)

@@ -9,8 +9,10 @@ package mem
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -358,23 +360,37 @@ type Options struct {
 	// the address of the first buffer in this process, the convention of
 	// libibverbs and siw, which peers expect.
 	Addr uint64
-	// Key is the consumer key, the STag's low 8 bits.
+	// Key is the consumer key, the STag's low 8 bits. Zero, unless
+	// KeyFixed is set, means a random key.
 	Key uint8
+	// KeyFixed keeps Key even when it is zero.
+	KeyFixed bool
 }
 
 // Table is an STag table: the regions reachable through a set of
 // connections. A node may keep several, one per network identity.
+//
+// A peer that holds one STag must not be able to name another: in a server
+// whose clients share a protection domain the STag is the only wall
+// between them. So, as hardware does, each registration draws its index
+// (and its key, unless the caller picks one) at random, from a generator
+// seeded by crypto/rand.
 type Table struct {
 	mu      sync.RWMutex
 	regions map[uint32]*Region
-	next    uint32
+	rng     *rand.ChaCha8 // under mu
 }
 
-// NewTable returns an empty table whose indexes start at start (mod 2^24;
-// 0 is never used, so that STag 0 is always invalid).
-func NewTable(start uint32) *Table {
-	return &Table{regions: make(map[uint32]*Region), next: start & 0xffffff}
+// NewTable returns an empty table.
+func NewTable() *Table {
+	var seed [32]byte
+	crand.Read(seed[:]) // never fails (crypto/rand, Go 1.24)
+	return &Table{regions: make(map[uint32]*Region), rng: rand.NewChaCha8(seed)}
 }
+
+// indexDraws is how many random indexes Register tries before it scans:
+// with the table a quarter full, all fail once in 2^128 registrations.
+const indexDraws = 64
 
 // Register makes bufs a region of protection domain pd.
 func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*Region, error) {
@@ -402,19 +418,28 @@ func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*R
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for range 1 << 24 {
-		t.next = (t.next + 1) & 0xffffff
-		if t.next == 0 {
-			continue
-		}
-		if _, used := t.regions[t.next]; !used {
-			r.stag = STag(t.next<<8 | uint32(o.Key))
-			t.regions[t.next] = r
-			r.valid.Store(true)
-			return r, nil
+	x := t.rng.Uint64()
+	key := uint8(x >> 32)
+	if o.Key != 0 || o.KeyFixed {
+		key = o.Key
+	}
+	// Index 0 is never used, so that STag 0 (and siw's RTR STag 1) are
+	// always invalid.
+	idx := uint32(x) & 0xffffff
+	for i := 0; idx == 0 || t.regions[idx] != nil; i++ {
+		switch {
+		case i < indexDraws:
+			idx = uint32(t.rng.Uint64()) & 0xffffff
+		case len(t.regions) >= 1<<24-1:
+			return nil, ErrTableFull
+		default: // nearly full: the next free index from the last draw
+			idx = (idx + 1) & 0xffffff
 		}
 	}
-	return nil, ErrTableFull
+	r.stag = STag(idx<<8 | uint32(key))
+	t.regions[idx] = r
+	r.valid.Store(true)
+	return r, nil
 }
 
 // deregisterWait bounds how long Deregister waits for accesses in

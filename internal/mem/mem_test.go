@@ -15,10 +15,82 @@ func register(t testing.TB, tb *Table, o Options) *Region {
 	return r
 }
 
+// TestSTagsAreNotGuessable: a peer holding one STag cannot name its
+// neighbours. Consecutive registrations get indexes far apart, spread over
+// the whole 24-bit space, and keys that vary; none is index 0.
+func TestSTagsAreNotGuessable(t *testing.T) {
+	const n = 4000
+	tb := NewTable()
+	seen := make(map[uint32]bool)
+	keys := make(map[uint8]int)
+	near := 0 // consecutive registrations within 16 indexes of each other
+	lo, hi := uint32(1<<24), uint32(0)
+	var prev STag
+	for i := range n {
+		s := register(t, tb, Options{}).STag()
+		idx := s.Index()
+		if idx == 0 || seen[idx] {
+			t.Fatalf("registration %d: index %#x is 0 or in use", i, idx)
+		}
+		seen[idx] = true
+		keys[s.Key()]++
+		lo, hi = min(lo, idx), max(hi, idx)
+		if i > 0 {
+			d := int64(idx) - int64(prev.Index())
+			if d >= -16 && d <= 16 {
+				near++
+			}
+		}
+		prev = s
+	}
+	// Random indexes put two consecutive ones within 16 of each other
+	// about once in 2^18 registrations; sequential ones always do.
+	if near > 2 {
+		t.Errorf("%d of %d consecutive registrations got indexes within 16 of each other", near, n-1)
+	}
+	if lo > 1<<20 || hi < 1<<24-1<<20 {
+		t.Errorf("indexes span only [%#x, %#x]", lo, hi)
+	}
+	// 4000 random keys take nearly all 256 values, none much more often
+	// than the 15.6 expected.
+	if len(keys) < 240 {
+		t.Errorf("%d distinct keys in %d registrations", len(keys), n)
+	}
+	for k, c := range keys {
+		if c > 60 {
+			t.Errorf("key %#02x drawn %d times of %d", k, c, n)
+		}
+	}
+	if tb.Len() != n {
+		t.Fatalf("table holds %d regions, want %d", tb.Len(), n)
+	}
+}
+
+// TestCallerKeyIsKept: a key the caller asks for is the STag's key, zero
+// included when KeyFixed says so.
+func TestCallerKeyIsKept(t *testing.T) {
+	tb := NewTable()
+	zero := 0
+	for range 100 {
+		if k := register(t, tb, Options{Key: 0x5a}).STag().Key(); k != 0x5a {
+			t.Fatalf("key %#x, asked for 0x5a", k)
+		}
+		if k := register(t, tb, Options{KeyFixed: true}).STag().Key(); k != 0 {
+			t.Fatalf("key %#x, asked for 0", k)
+		}
+		if register(t, tb, Options{}).STag().Key() == 0 {
+			zero++
+		}
+	}
+	if zero > 10 {
+		t.Errorf("%d of 100 random keys were 0", zero)
+	}
+}
+
 // TestLookup: an STag finds its region only with its own key, and not
 // after Deregister; lookups allocate nothing.
 func TestLookup(t *testing.T) {
-	tb := NewTable(1)
+	tb := NewTable()
 	var regions []*Region
 	for range 100 {
 		regions = append(regions, register(t, tb, Options{}))
@@ -55,7 +127,7 @@ func TestLookup(t *testing.T) {
 func TestDeregisterPinsAndHolds(t *testing.T) {
 	defer func(d time.Duration) { deregisterWait = d }(deregisterWait)
 	deregisterWait = time.Minute // this test ends the hold itself
-	tb := NewTable(1)
+	tb := NewTable()
 	r := register(t, tb, Options{})
 	if !r.TryAcquire() {
 		t.Fatal("TryAcquire of a registered region failed")
@@ -96,7 +168,7 @@ func TestDeregisterPinsAndHolds(t *testing.T) {
 func TestDeregisterGivesUp(t *testing.T) {
 	defer func(d time.Duration) { deregisterWait = d }(deregisterWait)
 	deregisterWait = 5 * time.Millisecond
-	tb := NewTable(1)
+	tb := NewTable()
 	r := register(t, tb, Options{})
 	if _, why := tb.LookupHold(r.STag()); why != OK {
 		t.Fatal(why)
@@ -114,7 +186,7 @@ func TestDeregisterGivesUp(t *testing.T) {
 }
 
 func BenchmarkLookupHold(b *testing.B) {
-	tb := NewTable(1)
+	tb := NewTable()
 	var stags []STag
 	for range 1000 {
 		stags = append(stags, register(b, tb, Options{}).STag())

@@ -10,7 +10,7 @@ import (
 
 func newRegion(t *testing.T) (*Table, *Region) {
 	t.Helper()
-	tab := NewTable(1)
+	tab := NewTable()
 	r, err := tab.Register(1, [][]byte{make([]byte, 64)}, RemoteWrite, Options{})
 	if err != nil {
 		t.Fatal(err)
