@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -41,7 +42,9 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 		}
 
 		// The peer: Writes and Reads, eight outstanding, until one fails.
-		peerErr := make(chan error, 1)
+		// It reports why it stopped: a post or a completion refused once
+		// the connection failed (expected), or a wait that ran out.
+		stopped := make(chan error, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -56,7 +59,7 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 						wr.Op, wr.SGL, wr.RemoteAddr = gowarp.OpRead, []gowarp.SGE{{MR: sinks[k/2%len(sinks)], Length: size}}, mr.Addr()
 					}
 					if err := p.a.PostSend(&wr); err != nil {
-						peerErr <- nil // the connection has failed: the end
+						stopped <- fmt.Errorf("post %d: %w", k, err)
 						return
 					}
 					out++
@@ -65,13 +68,13 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 				for _, c := range wc[:n] {
 					out--
 					if c.Err() != nil {
-						peerErr <- nil
+						stopped <- fmt.Errorf("completion %d: %w", c.ID, c.Err())
 						return
 					}
 				}
 				if n == 0 {
 					if err := p.acq.Wait(ctx); err != nil {
-						peerErr <- err
+						stopped <- fmt.Errorf("wait: %w (outstanding %d)", err, out)
 						return
 					}
 				}
@@ -81,7 +84,12 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 		// Deregister at a different moment of the stream each time.
 		for deadline := time.Now().Add(10 * time.Second); mr.Placed() < uint64(i%4+1)*writeSize; {
 			if time.Now().After(deadline) {
-				t.Fatalf("iteration %d: no Write placed", i)
+				var why error
+				select {
+				case why = <-stopped:
+				default:
+				}
+				t.Fatalf("iteration %d: %d bytes placed; the peer stopped: %v; QP errors %v, %v", i, mr.Placed(), why, p.a.Err(), p.b.Err())
 			}
 			time.Sleep(50 * time.Microsecond)
 		}
@@ -96,7 +104,7 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 		}
 		fill(buf, sentinel)
 
-		if err := <-peerErr; err != nil {
+		if err := <-stopped; errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("iteration %d: peer: %v", i, err)
 		}
 		p.a.Close()
@@ -173,4 +181,64 @@ func firstOther(b []byte, v byte) int {
 		}
 	}
 	return -1
+}
+
+// TestDeregisterWaitsForTransmit: a Write flushed while its bytes are still
+// being written to the socket (the peer reads slowly and has just sent bad
+// input, so a Terminate waits behind the batch) completes at once with a
+// flush; Deregister must not return until the batch stops reading the
+// memory: the sentinel written after it never reaches the wire.
+func TestDeregisterWaitsForTransmit(t *testing.T) {
+	const size, sentinel = 8 << 20, 0xee
+	s := newServer(t, gowarp.ConnectOptions{})
+	p, _ := dialRaw(t, s.ln.Addr().String(), false, 16, 16)
+	qp := s.accepted(t)
+	p.write(1, 0, nil) // the initiator speaks first
+	sbuf := make([]byte, size)
+	src, err := s.pd.Register(sbuf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(sbuf, 0x22)
+	if err := qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
+		SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: 0x1000, RKey: 0x1100}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // let the socket fill: the peer reads nothing yet
+	p.write(0xbad00, 0, []byte{1})    // an unknown STag: the QP fails, a Terminate waits
+	if c := wait(t, s.cq); c.ID != 1 || c.Status != gowarp.WRFlushError {
+		t.Fatalf("Write completed %+v, want a flush", c)
+	}
+	type result struct {
+		leaked int
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		for {
+			h, rest, err := p.next()
+			if err != nil || h.Opcode == wire.OpTerminate {
+				done <- r
+				return
+			}
+			if h.Opcode == wire.OpWrite {
+				r.leaked += bytes.Count(rest, []byte{sentinel})
+			}
+			time.Sleep(100 * time.Microsecond) // a slow reader
+		}
+	}()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		err := src.Deregister()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, gowarp.ErrRegionBusy) || time.Now().After(deadline) {
+			t.Fatalf("Deregister: %v", err)
+		}
+	}
+	fill(sbuf, sentinel)
+	if r := <-done; r.leaked > 0 {
+		t.Fatalf("%d bytes of the sentinel, written after Deregister returned, went out in the Write", r.leaked)
+	}
 }
