@@ -20,7 +20,7 @@ import (
 // invalid STag ends the connection.
 func TestDeregisterRacesPeerAccess(t *testing.T) {
 	const (
-		size      = 1 << 20
+		size      = 2 << 20 // Writes into the first half, Reads from the second
 		writeSize = 64 << 10
 		sentinel  = 0xee
 	)
@@ -37,7 +37,7 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 		var sinks []*gowarp.MR
 		var sinkBufs [][]byte
 		for range 4 {
-			s, b := p.reg(t, size, gowarp.LocalWrite)
+			s, b := p.reg(t, size/2, gowarp.LocalWrite)
 			sinks, sinkBufs = append(sinks, s), append(sinkBufs, b)
 		}
 
@@ -52,11 +52,15 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 			out := 0
 			for k := 0; ; {
 				for ; out < 8; k++ {
+					// Writes go to the first half, Reads come from the
+					// second: a Read Response's CRC is computed before its
+					// bytes are written, so a Write landing in them between
+					// the two would be a CRC error.
 					wr := gowarp.SendWR{ID: uint64(k), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
 						SGL:        []gowarp.SGE{{MR: src, Length: writeSize}},
-						RemoteAddr: mr.Addr() + uint64(k*writeSize%size), RKey: uint32(mr.STag())}
+						RemoteAddr: mr.Addr() + uint64(k*writeSize%(size/2)), RKey: uint32(mr.STag())}
 					if k%2 == 1 {
-						wr.Op, wr.SGL, wr.RemoteAddr = gowarp.OpRead, []gowarp.SGE{{MR: sinks[k/2%len(sinks)], Length: size}}, mr.Addr()
+						wr.Op, wr.SGL, wr.RemoteAddr = gowarp.OpRead, []gowarp.SGE{{MR: sinks[k/2%len(sinks)], Length: size / 2}}, mr.Addr()+size/2
 					}
 					if err := p.a.PostSend(&wr); err != nil {
 						stopped <- fmt.Errorf("post %d: %w", k, err)
@@ -102,7 +106,8 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 				t.Fatalf("iteration %d: Deregister: %v", i, err)
 			}
 		}
-		fill(buf, sentinel)
+		fill(buf[size/2:], sentinel) // the half Reads come from first: quick to be seen
+		fill(buf[:size/2], sentinel)
 
 		if err := <-stopped; errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("iteration %d: peer: %v", i, err)
