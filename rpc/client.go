@@ -61,7 +61,7 @@ type clientSlot struct {
 	state   atomic.Uint32
 	id      uint64
 	method  string
-	reply   *[]byte
+	reply   []byte // the caller's buffer, then the reply in it
 	err     error
 	done    chan struct{}
 	handles [MaxRefs]Handle
@@ -187,7 +187,7 @@ func (c *Client) Do(ctx context.Context, cl *Call) error {
 	}
 	s := &c.slots[i]
 	s.id = c.seq.Add(1)<<16 | uint64(i)
-	s.method, s.reply, s.err = cl.Method, &cl.Reply, nil
+	s.method, s.reply, s.err = cl.Method, cl.Reply[:0], nil
 	for j, sp := range cl.Refs {
 		if err := c.lend(s, j, sp); err != nil {
 			c.revoke(s)
@@ -232,6 +232,9 @@ wait:
 		}
 	}
 	err := s.err
+	if err == nil {
+		cl.Reply = s.reply
+	}
 	c.revoke(s)
 	s.reply, s.err = nil, nil
 	s.state.Store(slotIdle)
@@ -405,7 +408,7 @@ func (c *Client) onReply(k, n int) error {
 	switch {
 	case s.state.CompareAndSwap(slotWaiting, slotDone):
 		if r.Status == statusOK {
-			*s.reply = append((*s.reply)[:0], r.Payload...)
+			s.reply = append(s.reply[:0], r.Payload...)
 		} else {
 			s.err = &Error{Method: s.method, Status: r.Status, Msg: string(r.Payload)}
 		}
