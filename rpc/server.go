@@ -163,7 +163,11 @@ type session struct {
 	chunks  []*gowarp.MR
 	all     []*gowarp.MR // every chunk, to deregister at the end
 
-	batch []gowarp.SendWR // replies of non-blocking handlers, one doorbell
+	// The poller's: held by the goroutine polling.
+	lead   chan struct{}
+	spares atomic.Int32    // goroutines waiting to take the poller's role
+	batch  []gowarp.SendWR // replies of non-blocking handlers, one doorbell
+	next   *ServerCall     // a call the poller runs itself, after handing its role on
 }
 
 func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
@@ -173,7 +177,7 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 	}
 	n := min(int(h.Slots), s.opts.Slots)
 	msg := min(int(h.MaxMessage), s.opts.MaxMessage)
-	x := &session{srv: s, id: rand.Uint64() | 1, pd: s.dev.AllocPD(), maxMsg: msg, gone: make(chan struct{})}
+	x := &session{srv: s, id: rand.Uint64() | 1, pd: s.dev.AllocPD(), maxMsg: msg, gone: make(chan struct{}), lead: make(chan struct{}, 1)}
 	x.ctx, x.cancel = context.WithCancelCause(context.Background())
 	nrecv := n + cancelCredits
 	x.cq = s.dev.NewCQ(nrecv + 6*n + 16)
@@ -226,7 +230,9 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 	}
 	s.sessions[x] = struct{}{}
 	s.mu.Unlock()
-	go x.poll()
+	x.lead <- struct{}{}
+	x.wg.Add(1)
+	go x.poll(false)
 	return nil
 }
 
@@ -256,7 +262,22 @@ func (x *session) close(why error) {
 	})
 }
 
-func (x *session) poll() {
+// poll is the session's poller: whoever holds x.lead waits on the CQ
+// and dispatches. A handler that may block does not wait for a goroutine
+// to be started for it: the poller hands its role to a spare goroutine
+// (started if none waits) and runs the last such call of its batch
+// itself, then polls on only if the role is still free.
+func (x *session) poll(spare bool) {
+	defer x.wg.Done()
+	if spare {
+		select {
+		case x.lead <- struct{}{}:
+			x.spares.Add(-1)
+		case <-x.ctx.Done():
+			x.spares.Add(-1)
+			return
+		}
+	}
 	var wc [64]gowarp.Completion
 	for {
 		if err := x.cq.Wait(x.ctx); err != nil {
@@ -290,6 +311,21 @@ func (x *session) poll() {
 			if err != nil {
 				x.close(err)
 				return
+			}
+		}
+		if c := x.next; c != nil {
+			x.next = nil
+			if x.spares.Load() == 0 {
+				x.spares.Add(1)
+				x.wg.Add(1)
+				go x.poll(true)
+			}
+			<-x.lead
+			c.run(false)
+			select {
+			case x.lead <- struct{}{}:
+			default:
+				return // a spare polls now
 			}
 		}
 	}
@@ -377,11 +413,14 @@ func (x *session) onMessage(k, n int) error {
 		c.run(true)
 		return nil
 	}
-	x.wg.Add(1)
-	go func() {
-		defer x.wg.Done()
-		c.run(false)
-	}()
+	if o := x.next; o != nil { // only the batch's last runs on the poller
+		x.wg.Add(1)
+		go func() {
+			defer x.wg.Done()
+			o.run(false)
+		}()
+	}
+	x.next = c
 	return nil
 }
 
