@@ -43,6 +43,7 @@ func runRPC(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	large := fs.Int("large", 1<<20, "large argument size in bytes")
 	touch := fs.String("touch", "1,10,100", "percents of the large argument the server reads")
 	largeConc := fs.Int("large-c", 1, "concurrency of large calls")
+	rounds := fs.Int("rounds", 1, "repeat every case `N` times, systems taking turns, and report medians")
 	asJSON := fs.Bool("json", false, "print one JSON object per result")
 	bench := len(args) > 0 && args[0] == "bench"
 	if bench {
@@ -60,11 +61,11 @@ func runRPC(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cs, err1 := ints(*conc)
 	ts, err2 := ints(*touch)
-	if err1 != nil || err2 != nil || *small < 1 || *large < 1 || *largeConc < 1 {
+	if err1 != nil || err2 != nil || *small < 1 || *large < 1 || *largeConc < 1 || *rounds < 1 {
 		fmt.Fprintln(stderr, "gowarp rpc bench: bad flags")
 		return exitUsage
 	}
-	cfg := rpcbench.Config{Duration: *dur, Concurrency: cs, Small: *small, Large: *large, Touch: ts, LargeConc: *largeConc}
+	cfg := rpcbench.Config{Duration: *dur, Concurrency: cs, Small: *small, Large: *large, Touch: ts, LargeConc: *largeConc, Rounds: *rounds}
 	var results []rpcbench.Result
 	enc := json.NewEncoder(stdout)
 	err := rpcbench.Run(ctx, cfg, func(r rpcbench.Result) {

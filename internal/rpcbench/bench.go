@@ -4,6 +4,7 @@
 package rpcbench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,7 +31,11 @@ type Config struct {
 	Large       int           // large argument size
 	Touch       []int         // percent of the large argument the server reads
 	LargeConc   int           // concurrency of large calls
-	Logger      *slog.Logger
+	// Rounds repeats every case, the systems taking turns within each
+	// round, and reports medians: on a busy machine one round of one
+	// system can fall on a burst of someone else's work.
+	Rounds int
+	Logger *slog.Logger
 }
 
 // Result is one case's figures.
@@ -43,7 +48,8 @@ type Result struct {
 	Rate         float64 `json:"calls_per_s"`
 	P50          float64 `json:"p50_us"`
 	P99          float64 `json:"p99_us"`
-	BytesPerCall float64 `json:"bytes_per_call"` // argument and result bytes moved per call, headers included where known
+	BytesPerCall float64 `json:"bytes_per_call"`
+	Rounds       int     `json:"rounds,omitempty"` // medians of this many rounds // argument and result bytes moved per call, headers included where known
 }
 
 // caller makes one call of the case; it is used by one goroutine.
@@ -131,44 +137,84 @@ func Run(ctx context.Context, c Config, emit func(Result)) error {
 	}
 	defer gr.close()
 
+	rounds := max(1, c.Rounds)
 	arg := make([]byte, c.Small)
 	for _, conc := range c.Concurrency {
-		for _, sys := range []struct {
+		systems := []struct {
 			name string
 			mk   func() caller
 		}{
 			{"grpc-go", gr.small(arg)},
 			{"gowarp-rpc", g.small("echo", arg)},
 			{"gowarp-rpc-nonblocking", g.small("echo.nb", arg)},
-		} {
-			n, rate, lat, err := measure(ctx, c.Duration, conc, sys.mk)
-			if err != nil {
-				return fmt.Errorf("%s small c=%d: %w", sys.name, conc, err)
+		}
+		runs := make([][]Result, len(systems))
+		for range rounds {
+			for i, sys := range systems {
+				n, rate, lat, err := measure(ctx, c.Duration, conc, sys.mk)
+				if err != nil {
+					return fmt.Errorf("%s small c=%d: %w", sys.name, conc, err)
+				}
+				runs[i] = append(runs[i], Result{System: sys.name, Case: "small", Concurrency: conc, Calls: n, Rate: rate,
+					P50: pct(lat, 0.5), P99: pct(lat, 0.99), BytesPerCall: float64(2 * c.Small)})
 			}
-			emit(Result{System: sys.name, Case: "small", Concurrency: conc, Calls: n, Rate: rate,
-				P50: pct(lat, 0.5), P99: pct(lat, 0.99), BytesPerCall: float64(2 * c.Small)})
+		}
+		for _, r := range runs {
+			emit(median(r))
 		}
 	}
 	for _, t := range c.Touch {
-		n, rate, lat, err := measure(ctx, c.Duration, c.LargeConc, gr.large(t))
-		if err != nil {
-			return fmt.Errorf("grpc-go large %d%%: %w", t, err)
+		var grs, gws []Result
+		for range rounds {
+			n, rate, lat, err := measure(ctx, c.Duration, c.LargeConc, gr.large(t))
+			if err != nil {
+				return fmt.Errorf("grpc-go large %d%%: %w", t, err)
+			}
+			grs = append(grs, Result{System: "grpc-go", Case: "large", Concurrency: c.LargeConc, Touch: t, Calls: n, Rate: rate,
+				P50: pct(lat, 0.5), P99: pct(lat, 0.99), BytesPerCall: float64(c.Large + 8)})
+			before := g.srv.Stats()
+			n, rate, lat, err = measure(ctx, c.Duration, c.LargeConc, g.large(t))
+			if err != nil {
+				return fmt.Errorf("gowarp-rpc large %d%%: %w", t, err)
+			}
+			after := g.srv.Stats()
+			// Every call of the run, warm-up included, moved these bytes.
+			calls := float64(after.Calls - before.Calls)
+			moved := float64(after.ReadBytes-before.ReadBytes+after.MessageBytes-before.MessageBytes) / calls
+			gws = append(gws, Result{System: "gowarp-rpc", Case: "large", Concurrency: c.LargeConc, Touch: t, Calls: n, Rate: rate,
+				P50: pct(lat, 0.5), P99: pct(lat, 0.99), BytesPerCall: moved})
 		}
-		emit(Result{System: "grpc-go", Case: "large", Concurrency: c.LargeConc, Touch: t, Calls: n, Rate: rate,
-			P50: pct(lat, 0.5), P99: pct(lat, 0.99), BytesPerCall: float64(c.Large + 8)})
-		before := g.srv.Stats()
-		n, rate, lat, err = measure(ctx, c.Duration, c.LargeConc, g.large(t))
-		if err != nil {
-			return fmt.Errorf("gowarp-rpc large %d%%: %w", t, err)
-		}
-		after := g.srv.Stats()
-		// Every call of the run, warm-up included, moved these bytes.
-		calls := float64(after.Calls - before.Calls)
-		moved := float64(after.ReadBytes-before.ReadBytes+after.MessageBytes-before.MessageBytes) / calls
-		emit(Result{System: "gowarp-rpc", Case: "large", Concurrency: c.LargeConc, Touch: t, Calls: n, Rate: rate,
-			P50: pct(lat, 0.5), P99: pct(lat, 0.99), BytesPerCall: moved})
+		emit(median(grs))
+		emit(median(gws))
 	}
 	return nil
+}
+
+// median returns the round with the median rate, with the medians of
+// the rounds' p50 and p99 and the calls of all rounds.
+func median(rs []Result) Result {
+	if len(rs) == 1 {
+		return rs[0]
+	}
+	by := func(f func(Result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	m := slices.Clone(rs)
+	slices.SortFunc(m, func(a, b Result) int { return cmp.Compare(a.Rate, b.Rate) })
+	out := m[len(m)/2]
+	out.P50 = by(func(r Result) float64 { return r.P50 })
+	out.P99 = by(func(r Result) float64 { return r.P99 })
+	out.Calls = 0
+	for _, r := range rs {
+		out.Calls += r.Calls
+	}
+	out.Rounds = len(rs)
+	return out
 }
 
 // gowarpSide is an rpc server and one client session to it.
