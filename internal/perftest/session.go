@@ -130,7 +130,7 @@ func (s *session) act(ctx context.Context, st Step) error {
 		if err != nil {
 			return fmt.Errorf("perftest: data connection: %w", err)
 		}
-		s.r.LocalDest = s.d.dest(s.o)
+		s.r.LocalDest = s.d.dest(s.o, s.server)
 		return nil
 	case ActRecvs:
 		if s.server || s.o.Test == SendLat {
@@ -401,8 +401,9 @@ func acceptData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, ln *gowa
 }
 
 // dest is this side's pingpong_dest: the buffer the peer Writes to or
-// Reads from, or for a send_bw client the credit buffer.
-func (d *data) dest(o *Options) Dest {
+// Reads from, or for a send_bw client the word the server's credit
+// Writes land in.
+func (d *data) dest(o *Options, server bool) Dest {
 	ds := Dest{OutReads: 1, QPN: d.qpn, PSN: rand.Uint32() & 0xffffff,
 		RKey: uint32(d.buf.STag()), VAddr: d.buf.Addr()}
 	switch o.Test {
@@ -411,6 +412,12 @@ func (d *data) dest(o *Options) Dest {
 	case WriteLat:
 		// The peer's Writes land in the second half, as in perftest.
 		ds.VAddr += uint64(d.size)
+	case SendBW:
+		if !server {
+			// The server's credit Writes land in the second word of the
+			// credit buffer, as perftest's ctx_alloc_credit lays it out.
+			ds.RKey, ds.VAddr = uint32(d.credit.STag()), d.credit.Addr()+4
+		}
 	}
 	return ds
 }
