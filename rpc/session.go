@@ -34,7 +34,7 @@ const (
 	// fetchChunk is the server's staging buffer for one reference's
 	// fetches and the largest read-ahead; larger reads go straight into
 	// the caller's buffer.
-	fetchChunk = 64 << 10
+	fetchChunk = 256 << 10
 	readAhead0 = 16 << 10 // first read-ahead once access looks sequential
 )
 
