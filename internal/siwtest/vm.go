@@ -6,7 +6,7 @@
 // The suite is a Go test that runs only when asked (as root, the first
 // time, to build the guest):
 //
-//	GOWARP_SIWVM=1 go test -v -timeout 15m ./internal/siwtest
+//	GOWARP_SIWVM=1 go test -v -timeout 45m ./internal/siwtest
 //
 // It builds the guest if the cache lacks it (internal/guest, a few
 // minutes once, then cached in /var/tmp/gowarp-siwvm-<hash>), boots it
@@ -126,7 +126,7 @@ func startVM(t *testing.T, im *guest.Image) *vm {
 		HostFwd:  []guest.Forward{{Host: ports[0], Guest: guestRpingPort}, {Host: ports[1], Guest: guestPerftestPort}},
 		GuestFwd: []guest.Forward{{Host: ports[2], Guest: guestServePort}},
 		Debug:    os.Getenv("GOWARP_SIWVM_DEBUG") != "",
-		Limit:    20 * time.Minute,
+		Limit:    45 * time.Minute,
 		Logf:     t.Logf,
 	})
 	if err != nil {
