@@ -221,6 +221,17 @@ type QP struct {
 	rxAppGen atomic.Uint64
 	rxFree   chan struct{}
 	rxTick   chan struct{}
+	// rxHand gives the path back to the receive goroutine (the watcher,
+	// reclaim.go); rxInline is set while a waiter holds it; waitDone is
+	// that waiter's ctx.Done, if any, under waitMu. watched and rxSeen
+	// (the generation last seen, under the watcher's lock) are the
+	// watcher's.
+	rxHand   chan struct{}
+	rxInline atomic.Bool
+	waitMu   sync.Mutex
+	waitDone <-chan struct{}
+	watched  atomic.Bool
+	rxSeen   uint64
 
 	peerData []byte
 
@@ -248,6 +259,7 @@ func NewQP(cfg Config) (*QP, error) {
 		txWake: make(chan struct{}, 1),
 		rxFree: make(chan struct{}, 1),
 		rxTick: make(chan struct{}, 1),
+		rxHand: make(chan struct{}, 1),
 		done:   make(chan struct{}),
 	}
 	cfg.SendCQ.attach(q)

@@ -103,22 +103,15 @@ func (p *peerTerminate) Unwrap() error { return &p.t.Err }
 // rxLoop is the receive goroutine. It holds the receive path (rxMu) and
 // blocks on the socket, except while an application goroutine waiting for
 // this QP's completions receives on it itself (see receiveInline); it takes
-// the path back once the application has left it idle for rxReclaim.
+// the path back when the watcher hands it over, the application having
+// left it idle for rxReclaim (see reclaim.go).
 func (q *QP) rxLoop() {
 	defer q.wg.Done()
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	seen := q.rxAppGen.Load() - 1
 	for {
 		if q.State() == StateError {
 			return
 		}
-		// Take the path back only when no inline receiver has come and gone
-		// for a whole period (the generation has not moved).
-		gen := q.rxAppGen.Load()
-		idle := gen == seen
-		seen = gen
-		if idle && q.rxMu.TryLock() {
+		if q.rxMu.TryLock() {
 			err := q.rx.background()
 			if !errors.Is(err, errRxYield) {
 				// Still holding the path: an inline receiver must not read
@@ -132,19 +125,14 @@ func (q *QP) rxLoop() {
 			case q.rxFree <- struct{}{}:
 			default:
 			}
-		}
-		t.Reset(rxReclaim)
+		} // else a waiter holds it, and will hand it back as it leaves
 		select {
-		case <-t.C:
+		case <-q.rxHand:
 		case <-q.done:
 			return
 		}
 	}
 }
-
-// rxReclaim is how long the receive path stays with an application that
-// received on it inline before the receive goroutine takes it back.
-const rxReclaim = 200 * time.Microsecond
 
 // errRxYield reports the read-deadline doorbell at an FPDU boundary: the
 // receive goroutine is asked to yield, or an inline receiver to look up.
@@ -165,7 +153,7 @@ func (r *rxState) background() error {
 				return err
 			}
 			q.bell.Store(false)
-			q.rearm(time.Time{}) // a stale doorbell
+			q.rearm() // a stale doorbell
 			continue
 		}
 		if err != nil {
@@ -181,7 +169,7 @@ func (r *rxState) background() error {
 func (r *rxState) yielded() {
 	r.q.rxYield.Store(false)
 	r.q.bell.Store(false)
-	r.q.rearm(time.Time{})
+	r.q.rearm()
 }
 
 // rxFailed acts on the error that ended the receive path.
@@ -214,8 +202,11 @@ func (q *QP) rxFailed(err error) {
 // goroutine waiting for this QP receives with no hand-off from the receive
 // goroutine: the latency of a plain TCP reader. It reports false, having
 // asked the receive goroutine to yield, when that goroutine holds the path;
-// the caller then waits on rxFree. A cancellable ctx is noticed within
-// ctxPoll, without a goroutine or an allocation per call.
+// the caller then waits on rxFree. The read blocks in the netpoller with
+// no deadline; the doorbell (ring) wakes it for a completion from
+// elsewhere, and the watcher rings it when a cancellable ctx is done
+// (noticed within ctxPoll), so a wait costs no clock reading, deadline or
+// allocation.
 func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	if s := q.State(); s != StateReady && s != StateClosing {
 		return false
@@ -225,71 +216,55 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 		q.ring()
 		return false
 	}
+	q.rxInline.Store(true)
 	if cq != nil {
 		cq.setInline(q)
 	}
-	cancellable := ctx.Done() != nil
-	arm := func() {
-		var d time.Time
-		if cancellable {
-			now := time.Now()
-			d = now.Add(ctxPoll)
-			if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-				d = cd
-			}
-			// A deadline already set, still to come and no later than this
-			// one serves as well, and costs nothing.
-			if cur := q.rx.dl; cur.After(now) && !cur.After(d) && !q.bell.Load() {
-				return
-			}
-		}
-		q.rearm(d)
+	if d := ctx.Done(); d != nil {
+		q.waitMu.Lock()
+		q.waitDone = d
+		q.waitMu.Unlock()
+		waitWatcher.watch(q)
 	}
-	arm()
 	r := &q.rx
 	var failed error
-	// ctx is looked at when the deadline (or the doorbell) stops the read,
-	// not after every FPDU: its Err takes a lock.
+	// ctx is looked at when the doorbell stops the read, not after every
+	// FPDU: its Err takes a lock.
 	for live := ctx.Err() == nil; live && !done(); {
 		if s := q.State(); s != StateReady && s != StateClosing {
 			break
 		}
 		err := r.fpdu()
 		if errors.Is(err, errRxYield) {
-			// The doorbell, or the deadline: a completion came from
-			// elsewhere, another waiter would receive, or it is time to look
-			// at ctx. Look again.
+			// The doorbell: a completion came from elsewhere, or ctx is
+			// done. Look again.
 			q.bell.Store(false)
-			if live = ctx.Err() == nil; live {
-				arm()
-			}
+			q.rearm()
+			live = ctx.Err() == nil
 			continue
 		}
 		if err != nil {
 			failed = err
 			break
 		}
-		if cancellable && q.rx.dl.IsZero() {
-			arm() // the FPDU cleared the deadline
-		}
 	}
 	if cq != nil {
 		cq.setInline(nil)
 	}
-	if !cancellable {
-		q.rearm(time.Time{})
-	} // else the deadline stays for the next wait; to the receive goroutine it is a stale doorbell
+	if ctx.Done() != nil {
+		q.waitMu.Lock()
+		q.waitDone = nil // the watcher rings no one for this ctx from now on
+		q.waitMu.Unlock()
+	}
 	if failed != nil {
 		q.rxFailed(failed) // holding the path, as in rxLoop
 	}
+	q.rxInline.Store(false)
 	q.rxAppGen.Add(1)
 	q.rxMu.Unlock()
+	waitWatcher.watch(q) // the receive goroutine takes the path back if this waiter does not return
 	return true
 }
-
-// ctxPoll is how often an inline receiver waiting with a cancellable
-// context looks at it.
-const ctxPoll = 10 * time.Millisecond
 
 // Progress blocks until the queue pair has received at least one FPDU
 // (placed a peer's Write, answered a Read, completed a receive…) or ctx is
@@ -421,7 +396,7 @@ func (r *rxState) readv(iov [][]byte, first bool) (int, error) {
 			return k, errRxYield
 		}
 		r.q.bell.Store(false)
-		r.q.rearm(time.Time{})
+		r.q.rearm()
 		if k > 0 {
 			return k, nil
 		}
@@ -437,15 +412,15 @@ func (q *QP) ring() {
 	q.link.Conn().SetReadDeadline(time.Unix(1, 0))
 }
 
-// rearm sets the read deadline for the next wait of the receive path (zero
-// for none), unless the doorbell rang meanwhile. The holder of the path
-// keeps the deadline it set in rx.dl, to skip setting it again.
-func (q *QP) rearm(d time.Time) {
-	if d.Equal(q.rx.dl) && !q.bell.Load() {
+// rearm clears the read deadline after the doorbell rang, unless it rang
+// again meanwhile. The holder of the path keeps the deadline it set in
+// rx.dl, to skip clearing it again.
+func (q *QP) rearm() {
+	if q.rx.dl.IsZero() && !q.bell.Load() {
 		return
 	}
-	q.rx.dl = d
-	q.link.Conn().SetReadDeadline(d)
+	q.rx.dl = time.Time{}
+	q.link.Conn().SetReadDeadline(time.Time{})
 	if q.bell.Load() {
 		q.rx.dl = time.Unix(1, 0)
 		q.link.Conn().SetReadDeadline(q.rx.dl)
