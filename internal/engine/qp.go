@@ -200,8 +200,11 @@ type QP struct {
 	// flushes the send queue and closes the link when it lets go.
 	txCloses bool
 	txGone   bool // the transmit goroutine has ended
-	txWake   chan struct{}
-	tx       txState
+	// drained, made by a waiting Disconnect, is closed when the transmit
+	// role is let go, the ORQ empties or the queue pair fails.
+	drained chan struct{}
+	txWake  chan struct{}
+	tx      txState
 
 	rx     rxState
 	peerUp atomic.Bool // the peer's first FPDU has arrived
@@ -232,6 +235,8 @@ type QP struct {
 	waitDone <-chan struct{}
 	watched  atomic.Bool
 	rxSeen   uint64
+	rxWakes  atomic.Int64 // times the receive goroutine woke to take the path (tests)
+	dcLooks  atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
 
 	peerData []byte
 
@@ -669,26 +674,40 @@ func (q *QP) Disconnect(ctx context.Context) error {
 	if q.State() == StateReady {
 		q.state.Store(int32(StateClosing))
 	}
-	q.mu.Unlock()
-	tick := time.NewTicker(100 * time.Microsecond)
-	defer tick.Stop()
 	for {
-		q.mu.Lock()
+		q.dcLooks.Add(1)
 		idle := q.sqTx == q.sqTail && !q.txBusy && q.orqHead == q.orqTail
-		q.mu.Unlock()
 		if idle || q.State() == StateError {
 			break
 		}
+		// The paths that could make it idle (the transmit role let go, the
+		// last Read answered, a failure) close the channel: no ticking.
+		if q.drained == nil {
+			q.drained = make(chan struct{})
+		}
+		ch := q.drained
+		q.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			q.Close()
 			return ctx.Err()
-		case <-tick.C:
+		case <-ch:
 		}
+		q.mu.Lock()
 	}
+	q.mu.Unlock()
 	q.fail(ErrClosed)
 	q.Close()
 	return nil
+}
+
+// drainedLocked wakes Disconnect calls waiting for the queue pair to have
+// nothing in flight, to look again.
+func (q *QP) drainedLocked() {
+	if q.drained != nil {
+		close(q.drained)
+		q.drained = nil
+	}
 }
 
 // Close tears the queue pair down at once, flushing all outstanding work,
@@ -742,6 +761,7 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 	}
 	wasReady := q.link != nil
 	q.state.Store(int32(StateError))
+	q.drainedLocked()
 	if q.err == nil {
 		q.err = cause
 	}
@@ -799,6 +819,7 @@ func (q *QP) flushLocked() {
 		q.flushSQLocked()
 	}
 	q.orqHead = q.orqTail
+	q.drainedLocked()
 	for ; q.irqHead < q.irqTail; q.irqHead++ {
 		e := &q.irq[q.irqHead%uint64(len(q.irq))]
 		if e.region != nil {
@@ -847,6 +868,7 @@ func (q *QP) flushSQLocked() {
 // holder must close the link, left open for it by the failure.
 func (q *QP) releaseTxLocked() (closeLink bool) {
 	q.txBusy = false
+	q.drainedLocked()
 	if q.State() != StateError {
 		return false
 	}

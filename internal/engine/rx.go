@@ -125,9 +125,13 @@ func (q *QP) rxLoop() {
 			case q.rxFree <- struct{}{}:
 			default:
 			}
+			// The waiter that asked may not come (its completion came
+			// first): the watcher hands the path back if none does.
+			waitWatcher.watch(q)
 		} // else a waiter holds it, and will hand it back as it leaves
 		select {
 		case <-q.rxHand:
+			q.rxWakes.Add(1)
 		case <-q.done:
 			return
 		}
@@ -679,6 +683,9 @@ func (r *rxState) responsePlaced(h *wire.Header, n int) {
 	e := o.sq
 	*o = orqEntry{}
 	q.orqHead++
+	if q.orqHead == q.orqTail {
+		q.drainedLocked()
+	}
 	if e != nil {
 		e.readsLeft--
 		if e.readsLeft == 0 {

@@ -1,0 +1,213 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp/internal/mem"
+)
+
+// tcpQP starts a queue pair over a loopback TCP connection whose other end
+// is returned raw, for a peer that reads only when told to.
+func tcpQP(t *testing.T, mode CompletionMode) (*QP, *CQ, *mem.Table, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	table := mem.NewTable()
+	cq := NewCQ(64)
+	q, err := NewQP(Config{SendDepth: 64, RecvDepth: 64, SendCQ: cq, RecvCQ: cq, PD: 1, Table: table, Completion: mode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Start(NewLink(c), Params{IRD: 4, ORD: 4}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q, cq, table, raw
+}
+
+// tcpRig connects two queue pairs over loopback TCP, each with its own CQ.
+func tcpRig(t *testing.T) *rig {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ca, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{table: mem.NewTable(), acq: NewCQ(64), bcq: NewCQ(64)}
+	if r.a, err = NewQP(Config{SendDepth: 64, RecvDepth: 64, SendCQ: r.acq, RecvCQ: r.acq, PD: 1, Table: r.table}); err != nil {
+		t.Fatal(err)
+	}
+	if r.b, err = NewQP(Config{SendDepth: 64, RecvDepth: 64, SendCQ: r.bcq, RecvCQ: r.bcq, PD: 1, Table: r.table}); err != nil {
+		t.Fatal(err)
+	}
+	p := Params{IRD: 4, ORD: 4}
+	if err := r.a.Start(NewLink(ca), p); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.b.Start(NewLink(cb), p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.a.Close(); r.b.Close() })
+	return r
+}
+
+// TestInlineWaitNoTicks: a goroutine waiting inline on an idle queue pair
+// with a context that ends costs no wake-ups of the receive goroutine
+// (it woke every 200 µs, for every queue pair, and that collapsed the
+// throughput of many queue pairs: issue 7, defect 8), and the end of its
+// context still ends the wait.
+func TestInlineWaitNoTicks(t *testing.T) {
+	r := tcpRig(t)
+	for range 3 {
+		before := r.a.rxWakes.Load()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		err := r.acq.Wait(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait on an idle queue pair: %v, want the context's deadline", err)
+		}
+		// One hand-back may come as the waiter leaves; a ticking receive
+		// goroutine woke about 500 times.
+		if n := r.a.rxWakes.Load() - before; n > 3 {
+			t.Fatalf("the receive goroutine woke %d times while a waiter held the path", n)
+		}
+	}
+	// A cancelled context (no deadline) ends an inline wait too.
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.acq.Wait(ctx) }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancel did not end an inline wait")
+	}
+}
+
+// TestReclaimLockStep: in lock step, a waits inline for b's Send, then
+// stops waiting while b Reads from a and Writes to a: a's receive
+// goroutine must take the path back to answer and place them, every time
+// (a lost hand-back hangs b). Then a waits again, inline.
+func TestReclaimLockStep(t *testing.T) {
+	r := tcpRig(t)
+	src, _ := r.reg(t, 64, mem.LocalWrite|mem.RemoteRead|mem.RemoteWrite)
+	sink, _ := r.reg(t, 64, mem.LocalWrite)
+	recv, _ := r.reg(t, 64, mem.LocalWrite)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wc [4]Completion
+	waitFor := func(cq *CQ, n int) {
+		t.Helper()
+		for got := 0; got < n; {
+			k := cq.Poll(wc[:])
+			if k == 0 {
+				if err := cq.Wait(ctx); err != nil {
+					t.Fatalf("cq %p (a %p): after %d of %d completions: %v; a %v %v, b %v %v", cq, r.acq, got, n, err, r.a.State(), r.a.Err(), r.b.State(), r.b.Err())
+				}
+				continue
+			}
+			for _, c := range wc[:k] {
+				if c.Status != Success {
+					t.Fatalf("completion %+v", c)
+				}
+			}
+			got += k
+		}
+	}
+	for i := range 500 {
+		if err := r.a.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{{MR: recv, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.b.PostSend(&SendWR{Op: OpSend, SGL: []SGE{{MR: sink, Length: 8}}}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(r.acq, 1) // a receives it inline
+		placed := src.Placed()
+		if err := r.b.PostSend(&SendWR{Op: OpWrite, SGL: []SGE{{MR: sink, Length: 16}}, RemoteAddr: src.Addr(), RKey: uint32(src.STag())}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.b.PostSend(&SendWR{Op: OpRead, Flags: Signaled, SGL: []SGE{{MR: sink, Length: 32}}, RemoteAddr: src.Addr(), RKey: uint32(src.STag())}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(r.bcq, 1) // answered by a's receive goroutine: nobody waits on a
+		if src.Placed() != placed+16 {
+			t.Fatalf("round %d: the Write before the Read placed %d bytes", i, src.Placed()-placed)
+		}
+	}
+}
+
+// TestDisconnectWaitsForEvents: Disconnect with a Write stuck behind a
+// peer that does not read waits for the transmit path to let go, not on
+// a clock (it looked every 100 µs), is bounded by its context, and is
+// graceful once the peer reads: the Write completes.
+func TestDisconnectWaitsForEvents(t *testing.T) {
+	for _, reads := range []bool{false, true} {
+		q, cq, table, raw := tcpQP(t, Handed)
+		buf := make([]byte, 32<<20) // more than the socket buffers hold
+		m, err := table.Register(1, [][]byte{buf}, mem.LocalWrite, mem.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.PostSend(&SendWR{Op: OpWrite, Flags: Signaled, SGL: []SGE{{MR: m, Length: len(buf)}}, RemoteAddr: 0, RKey: 5}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		if reads {
+			cancel()
+			ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+			go func() {
+				time.Sleep(50 * time.Millisecond)
+				b := make([]byte, 1<<20)
+				for {
+					if _, err := raw.Read(b); err != nil {
+						return
+					}
+				}
+			}()
+		}
+		err = q.Disconnect(ctx)
+		cancel()
+		looks := q.dcLooks.Load()
+		if reads {
+			if err != nil {
+				t.Fatalf("Disconnect with a reading peer: %v", err)
+			}
+			if c := next(t, cq); c.Status != Success {
+				t.Fatalf("the Write queued before Disconnect: %+v", c)
+			}
+		} else if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Disconnect with a peer that does not read: %v, want the context's deadline", err)
+		}
+		if looks > 20 {
+			t.Fatalf("peer reads %v: Disconnect looked %d times", reads, looks)
+		}
+	}
+}
