@@ -632,6 +632,14 @@ func (q *QP) txLoop() {
 
 // ackPoll is how often the send queue is read while completions wait for
 // acknowledgement. The timer runs only while such work exists.
+//
+// It is a clock because no event reaches Go: Linux reports acknowledged
+// byte ranges as SO_TIMESTAMPING TX_ACK entries on the socket's error
+// queue, signalled by EPOLLERR, and Go's netpoller takes an EPOLLERR that
+// comes alone (as it does while the send buffer is full and nothing is to
+// be read, Acked mode's usual state) as a broken descriptor: the next read
+// fails with ErrNotPollable. TCP_NOTSENT_LOWAT's EPOLLOUT tells of bytes
+// sent, not acknowledged.
 const ackPoll = 50 * time.Microsecond
 
 // retireLocked completes send-queue entries in order, as far as they are
