@@ -54,6 +54,7 @@ func registerTest(srv *Server) {
 	srv.RegisterFunc("fail", func(ctx context.Context, arg []byte) ([]byte, error) {
 		return nil, fmt.Errorf("no luck with %q", arg)
 	})
+	srv.Register("big", func(ctx context.Context, c *ServerCall) error { return c.Reply(make([]byte, 1<<20)) })
 	srv.Register("panic", func(ctx context.Context, c *ServerCall) error { panic("boom") })
 	// wait blocks until its context ends and says why.
 	srv.Register("wait", func(ctx context.Context, c *ServerCall) error {
@@ -188,6 +189,9 @@ func TestRemoteErrors(t *testing.T) {
 	}
 	if _, err := cl.Call(ctx, "echo", make([]byte, 8192), nil); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("large by value: %v", err)
+	}
+	if _, err := cl.Call(ctx, "big", nil, nil); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("reply larger than a message: %v", err)
 	}
 	// The session goes on.
 	if r, err := cl.Call(ctx, "echo", []byte("ok"), nil); err != nil || string(r) != "ok" {
