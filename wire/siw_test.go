@@ -250,14 +250,14 @@ var siwCaptures = map[string][]siwConnFacts{
 	}},
 	"perftest-write_bw.pcap": {
 		{initiator: repeatOps(16, OpSend), responder: repeatOps(16, OpSend), check: checkPerftestControl},
-		{initiator: repeatOps(5, OpWrite), responder: nil, check: checkPerftestData(OpWrite)},
+		{initiator: repeatOps(5, OpWrite), responder: nil, check: checkPerftestData(OpWrite, 4096)},
 	},
 	"perftest-read_bw.pcap": {
 		{initiator: repeatOps(16, OpSend), responder: repeatOps(16, OpSend), check: checkPerftestControl},
 		{
 			ird: 128, ord: 128,
 			initiator: repeatOps(5, OpReadRequest), responder: repeatOps(5, OpReadResponse),
-			check: checkPerftestData(OpReadRequest),
+			check: checkPerftestData(OpReadRequest, 4096),
 		},
 	},
 	"perftest-send_bw.pcap": {
@@ -267,8 +267,27 @@ var siwCaptures = map[string][]siwConnFacts{
 			// connection; the capture shows them, perftest's source would
 			// say why.
 			initiator: repeatOps(5, OpSend), responder: repeatOps(2, OpWrite),
-			check: checkPerftestData(OpSend),
+			check: checkPerftestData(OpSend, 4096),
 		},
+	},
+	// The latency tests (-s 8): the same control exchange, then a
+	// ping-pong of five 8-byte messages each way (write_lat's server Writes
+	// first; read_lat's initiator reads five times).
+	"perftest-write_lat.pcap": {
+		{initiator: repeatOps(10, OpSend), responder: repeatOps(10, OpSend), check: checkPerftestControl},
+		{initiator: repeatOps(5, OpWrite), responder: repeatOps(5, OpWrite), check: checkPerftestData(OpWrite, 8)},
+	},
+	"perftest-read_lat.pcap": {
+		{initiator: repeatOps(11, OpSend), responder: repeatOps(11, OpSend), check: checkPerftestControl},
+		{
+			ird: 128, ord: 128,
+			initiator: repeatOps(5, OpReadRequest), responder: repeatOps(5, OpReadResponse),
+			check: checkPerftestData(OpReadRequest, 8),
+		},
+	},
+	"perftest-send_lat.pcap": {
+		{initiator: repeatOps(11, OpSend), responder: repeatOps(11, OpSend), check: checkPerftestControl},
+		{initiator: repeatOps(5, OpSend), responder: repeatOps(5, OpSend), check: checkPerftestData(OpSend, 8)},
 	},
 }
 
@@ -424,14 +443,13 @@ func checkPerftestControl(t *testing.T, cl, sv *siwStream) {
 	}
 }
 
-// perftest's data connection: five 4 KiB messages of the test's kind.
-func checkPerftestData(op Opcode) func(t *testing.T, cl, sv *siwStream) {
+// perftest's data connection: five messages of the test's kind and size.
+func checkPerftestData(op Opcode, size int) func(t *testing.T, cl, sv *siwStream) {
 	return func(t *testing.T, cl, sv *siwStream) {
-		const size = 4096
 		for i, f := range cl.fpdus {
 			switch op {
 			case OpReadRequest:
-				if f.rr.Size != size {
+				if int(f.rr.Size) != size {
 					t.Errorf("Read Request %d: size %d, want %d", i, f.rr.Size, size)
 				}
 			default:
