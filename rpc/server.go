@@ -168,6 +168,28 @@ type session struct {
 	spares atomic.Int32    // goroutines waiting to take the poller's role
 	batch  []gowarp.SendWR // replies of non-blocking handlers, one doorbell
 	next   *ServerCall     // a call the poller runs itself, after handing its role on
+	// inline is a generation<<2 | state of the call the poller runs
+	// itself; the watchdog starts a new poller if it runs too long.
+	inline   atomic.Uint64
+	watchdog *time.Timer
+}
+
+const (
+	inlineRunning = 1
+	inlineHanded  = 2
+	// handoffAfter is how long a handler called by value may run on the
+	// poller before another goroutine takes over polling.
+	handoffAfter = 20 * time.Microsecond
+)
+
+// handOff runs when a call run on the poller has not returned in time:
+// a new poller takes the role (the lead token stays held, now by it).
+func (x *session) handOff() {
+	v := x.inline.Load()
+	if v&3 == inlineRunning && x.inline.CompareAndSwap(v, v&^3|inlineHanded) {
+		x.wg.Add(1) // the running poller has not returned: the count is not zero
+		go x.poll(false)
+	}
 }
 
 func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
@@ -230,6 +252,8 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 	}
 	s.sessions[x] = struct{}{}
 	s.mu.Unlock()
+	x.watchdog = time.AfterFunc(time.Hour, x.handOff)
+	x.watchdog.Stop()
 	x.lead <- struct{}{}
 	x.wg.Add(1)
 	go x.poll(false)
@@ -313,7 +337,21 @@ func (x *session) poll(spare bool) {
 				return
 			}
 		}
-		if c := x.next; c != nil {
+		if c := x.next; c != nil && c.nrefs == 0 {
+			// A call by value most often returns at once: run it here, and
+			// let the watchdog hand the role on only if it has not
+			// returned after handoffAfter.
+			x.next = nil
+			g := x.inline.Load()>>2 + 1
+			x.inline.Store(g<<2 | inlineRunning)
+			x.watchdog.Reset(handoffAfter)
+			c.run(false)
+			if !x.inline.CompareAndSwap(g<<2|inlineRunning, g<<2) {
+				return // the watchdog started another poller
+			}
+			x.watchdog.Stop()
+		} else if c != nil {
+			// A call with references needs a poller for its Reads' completions.
 			x.next = nil
 			if x.spares.Load() == 0 {
 				x.spares.Add(1)
