@@ -55,9 +55,12 @@
 // finds no receive posted. There is no goroutine per call on the client:
 // callers poll the session's completion queue themselves, one at a time,
 // the CQ's inline receive handing each its reply on its own goroutine
-// when nobody else is polling. The server runs one poller per session and
-// a goroutine per call, or none for methods registered non-blocking
-// (RegisterNonBlocking), whose replies then leave in batches. A call by
+// when nobody else is polling. The server runs one poller per session,
+// which runs a call by value itself: a watchdog hands the polling to a new
+// goroutine only if the handler has not returned within 20 µs. A call
+// with references gets a goroutine at once (its Reads need the poller).
+// Methods registered non-blocking (RegisterNonBlocking) skip the watchdog
+// and their replies leave in batches. A call by
 // value allocates nothing on the client.
 //
 // Deadlines travel with the call, so the server's handler context ends

@@ -62,8 +62,10 @@ func NewServer(dev *gowarp.Device, o Options) *Server {
 	return &Server{dev: dev, opts: o, log: o.Logger, methods: map[string]*method{}, sessions: map[*session]struct{}{}}
 }
 
-// Register adds a method. Its handler runs on a goroutine of its own per
-// call, as net/rpc's and gRPC's do.
+// Register adds a method. Its handler may block: a call by value starts
+// on the session's poller, which a watchdog replaces with a new goroutine
+// if the handler has not returned within 20 µs; a call with references
+// runs on a goroutine of its own.
 func (s *Server) Register(name string, h Handler) { s.register(name, h, false) }
 
 // RegisterNonBlocking adds a method whose handler never blocks: calls
