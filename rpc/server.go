@@ -289,10 +289,11 @@ func (x *session) close(why error) {
 }
 
 // poll is the session's poller: whoever holds x.lead waits on the CQ
-// and dispatches. A handler that may block does not wait for a goroutine
-// to be started for it: the poller hands its role to a spare goroutine
-// (started if none waits) and runs the last such call of its batch
-// itself, then polls on only if the role is still free.
+// and dispatches. The last blocking call of a batch runs here, without
+// waiting for a goroutine to start: a call by value under the watchdog
+// (handOff), a call with references after the role went to a spare
+// goroutine (started if none waits); this goroutine polls on afterwards
+// only if the role is still its own.
 func (x *session) poll(spare bool) {
 	defer x.wg.Done()
 	if spare {
