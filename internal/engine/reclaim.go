@@ -41,6 +41,8 @@ type watcher struct {
 	started bool
 	idle    bool          // the goroutine waits on wake: nothing is watched
 	wake    chan struct{} // wakes it when something is
+	slow    bool          // ticking every ctxPoll: no path waits to be reclaimed
+	t       *time.Timer
 }
 
 // watch puts q under the watcher, if it is not already. Called by an
@@ -61,10 +63,14 @@ func (w *watcher) watch(q *QP) {
 			// idle): starting one per busy period would allocate.
 			w.started = true
 			w.wake = make(chan struct{}, 1)
+			w.t = time.NewTimer(rxReclaim)
 			go w.run()
 		case w.idle:
 			w.idle = false
 			w.wake <- struct{}{}
+		case w.slow && !q.rxInline.Load():
+			w.slow = false
+			w.t.Reset(rxReclaim) // a path to reclaim: tick sooner
 		}
 	}
 	w.mu.Unlock()
@@ -72,23 +78,24 @@ func (w *watcher) watch(q *QP) {
 
 // run ticks while queue pairs are watched.
 func (w *watcher) run() {
-	t := time.NewTimer(rxReclaim)
-	for range t.C {
+	for range w.t.C {
 		w.mu.Lock()
 		reclaiming := w.scan()
-		if len(w.qps) == 0 {
-			w.idle = true
+		switch {
+		case len(w.qps) == 0:
+			w.idle, w.slow = true, false
 			w.mu.Unlock()
 			<-w.wake
-			t.Reset(rxReclaim)
+			w.t.Reset(rxReclaim)
 			continue
+		case reclaiming:
+			w.slow = false
+			w.t.Reset(rxReclaim)
+		default:
+			w.slow = true
+			w.t.Reset(ctxPoll)
 		}
 		w.mu.Unlock()
-		if reclaiming {
-			t.Reset(rxReclaim)
-		} else {
-			t.Reset(ctxPoll)
-		}
 	}
 }
 
