@@ -1,7 +1,10 @@
-// Package perftest is a client for linux-rdma/perftest's bandwidth tests
-// over rdma_cm (ib_write_bw -R, ib_read_bw -R, ib_send_bw -R), so that
-// gowarp can be measured against the Linux kernel's siw running perftest's
-// server.
+// Package perftest speaks linux-rdma/perftest's tests over rdma_cm (-R)
+// both ways: Run is the client of a perftest server (ib_write_bw -R, and
+// the other five), Serve the server of a perftest client, for write_bw,
+// read_bw, send_bw, write_lat, read_lat and send_lat, so that gowarp and
+// the Linux kernel's siw running perftest can be measured against each
+// other. The control exchange of each test is a Script (data, the same
+// for both roles); the latency figures and the table are perftest's.
 //
 // With -R perftest makes two iWARP connections to the server's port: a
 // control connection, over which the two sides exchange fixed-size Sends
@@ -20,6 +23,8 @@
 //	dest      once more, then five 8-byte reports (write_bw, read_bw)
 //	dest      closing handshake
 //
+// The latency tests exchange four dests before the traffic and, but for
+// write_lat, one closing dest after it, and no reports (see Script).
 // A pingpong_dest is {lid, out_reads, qpn, psn, rkey u32; 4 bytes of
 // padding; vaddr u64; gid [16]; srqn, gid_index u32}, every integer
 // big-endian. The reports are size and iterations (u64) and peak and
