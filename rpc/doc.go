@@ -57,7 +57,7 @@
 // the CQ's inline receive handing each its reply on its own goroutine
 // when nobody else is polling. The server runs one poller per session,
 // which runs a call by value itself: a watchdog hands the polling to a new
-// goroutine only if the handler has not returned within 20 µs. A call
+// goroutine only if the handler has not returned within 50 µs. A call
 // with references gets a goroutine at once (its Reads need the poller).
 // Methods registered non-blocking (RegisterNonBlocking) skip the watchdog
 // and their replies leave in batches. A call by

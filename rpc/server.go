@@ -64,7 +64,7 @@ func NewServer(dev *gowarp.Device, o Options) *Server {
 
 // Register adds a method. Its handler may block: a call by value starts
 // on the session's poller, which a watchdog replaces with a new goroutine
-// if the handler has not returned within 20 µs; a call with references
+// if the handler has not returned within 50 µs; a call with references
 // runs on a goroutine of its own.
 func (s *Server) Register(name string, h Handler) { s.register(name, h, false) }
 
@@ -181,7 +181,7 @@ const (
 	inlineHanded  = 2
 	// handoffAfter is how long a handler called by value may run on the
 	// poller before another goroutine takes over polling.
-	handoffAfter = 20 * time.Microsecond
+	handoffAfter = 50 * time.Microsecond
 )
 
 // handOff runs when a call run on the poller has not returned in time:
@@ -348,11 +348,9 @@ func (x *session) poll(spare bool) {
 			g := x.inline.Load()>>2 + 1
 			x.inline.Store(g<<2 | inlineRunning)
 			x.watchdog.Reset(handoffAfter)
-			c.run(false)
-			if !x.inline.CompareAndSwap(g<<2|inlineRunning, g<<2) {
+			if !c.run(false, g) {
 				return // the watchdog started another poller
 			}
-			x.watchdog.Stop()
 		} else if c != nil {
 			// A call with references needs a poller for its Reads' completions.
 			x.next = nil
@@ -362,7 +360,7 @@ func (x *session) poll(spare bool) {
 				go x.poll(true)
 			}
 			<-x.lead
-			c.run(false)
+			c.run(false, 0)
 			select {
 			case x.lead <- struct{}{}:
 			default:
@@ -451,14 +449,14 @@ func (x *session) onMessage(k, n int) error {
 	}
 	x.srv.stats.calls.Add(1)
 	if meth.onPoll && m.NRefs == 0 {
-		c.run(true)
+		c.run(true, 0)
 		return nil
 	}
 	if o := x.next; o != nil { // only the batch's last runs on the poller
 		x.wg.Add(1)
 		go func() {
 			defer x.wg.Done()
-			o.run(false)
+			o.run(false, 0)
 		}()
 	}
 	x.next = c
@@ -573,14 +571,24 @@ func (c *ServerCall) Reply(p []byte) error {
 	return nil
 }
 
-func (c *ServerCall) run(onPoll bool) {
+// run runs the handler and sends its reply. watched is the generation
+// of the watchdog's watch when the poller runs the call itself (0 if not):
+// run ends the watch as soon as the handler returns, before the reply's
+// system call, and reports whether the poller's role is still this
+// goroutine's.
+func (c *ServerCall) run(onPoll bool, watched uint64) (lead bool) {
+	x := c.sess
 	defer func() {
 		if p := recover(); p != nil {
-			c.sess.srv.log.Error("rpc: handler panicked", "method", c.method.name, "panic", p, "stack", string(debug.Stack()))
+			if watched != 0 {
+				lead = x.unwatch(watched)
+			}
+			x.srv.log.Error("rpc: handler panicked", "method", c.method.name, "panic", p, "stack", string(debug.Stack()))
 			c.finish(fmt.Errorf("%s panicked: %v", c.method.name, p), statusInternal, onPoll)
 		}
 	}()
 	err := c.method.h(&c.ctx, c)
+	lead, watched = x.unwatch(watched), 0
 	var st uint8
 	if err != nil {
 		st = errStatus(err)
@@ -592,6 +600,19 @@ func (c *ServerCall) run(onPoll bool) {
 		}
 	}
 	c.finish(err, st, onPoll)
+	return lead
+}
+
+// unwatch ends watch g; false if the watchdog handed the role on first.
+func (x *session) unwatch(g uint64) bool {
+	if g == 0 {
+		return true
+	}
+	if x.inline.CompareAndSwap(g<<2|inlineRunning, g<<2) {
+		x.watchdog.Stop()
+		return true
+	}
+	return false
 }
 
 // finish ends the call: references die, the receive buffer goes back,
