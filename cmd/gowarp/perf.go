@@ -54,6 +54,7 @@ type perfConfig struct {
 	duration time.Duration
 	iters    int
 	depth    int
+	qps      int
 	signal   int
 	postList int
 	json     bool
@@ -77,6 +78,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 	fs.BoolVar(&c.sweep, "sweep", false, "run every size from 2 B to 1 MiB in powers of two")
 	fs.DurationVar(&c.duration, "duration", time.Second, "length of each run (200ms per size with -sweep unless given)")
 	fs.IntVar(&c.iters, "iters", 0, "run `N` messages or round trips instead of a -duration")
+	fs.IntVar(&c.qps, "qps", 1, "run each bandwidth test on `N` connections at once, each with its own QP, CQ and waiting goroutine, and report their aggregate")
 	fs.IntVar(&c.depth, "depth", perf.DefaultDepth, "work requests bandwidth tests keep outstanding (128 was the best overall on loopback)")
 	fs.IntVar(&c.signal, "signal", 0, "bandwidth tests signal every `N`th work request (0: depth/4)")
 	fs.IntVar(&c.postList, "post-list", perf.DefaultPostList, "bandwidth tests post `N` work requests per doorbell (QP.PostSendList), like perftest's --post_list; 1 posts them one by one")
@@ -152,6 +154,8 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail("-server and -client exclude each other")
 	case c.sweep && explicit["size"]:
 		return fail("-size and -sweep exclude each other")
+	case c.qps < 1 || c.qps > perf.MaxQPs:
+		return fail("-qps %d out of range [1, %d]", c.qps, perf.MaxQPs)
 	case c.depth < 1 || c.depth > perf.MaxDepth:
 		return fail("-depth %d out of range [1, %d]", c.depth, perf.MaxDepth)
 	case c.conn.MPARevision != 1 && c.conn.MPARevision != 2:
@@ -207,6 +211,9 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s\n",
 			where, c.conn.MPARevision, onOff(c.conn.CRC), c.conn.Completion, c.conn.AsyncOnly,
 			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll))
+		if c.qps > 1 {
+			fmt.Fprintf(stdout, "# %d connections at once in write_bw, read_bw and send_bw (-qps); figures are their aggregate\n", c.qps)
+		}
 		perf.WriteTableHeader(stdout)
 	}
 	enc := json.NewEncoder(stdout)
@@ -217,7 +224,13 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		prog.begin(i+1, fmt.Sprintf("%s %s", r.test, sizeName(r.size)))
 		o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,
 			Iters: c.iters, Duration: c.duration}
-		res, err := client.Run(ctx, r.test, o)
+		var res perf.Result
+		var err error
+		if c.qps > 1 && r.test.Bandwidth() && !r.test.TCP() {
+			res, err = client.RunParallel(ctx, r.test, o, c.qps)
+		} else {
+			res, err = client.Run(ctx, r.test, o)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				prog.print(func() { fmt.Fprintln(stderr, "gowarp perf: interrupted") })

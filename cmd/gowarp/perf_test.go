@@ -103,6 +103,25 @@ func TestPerfJSONShape(t *testing.T) {
 	}
 }
 
+// TestPerfQPs: -qps runs the bandwidth tests on several connections at
+// once and reports their aggregate; the latency tests run on one.
+func TestPerfQPs(t *testing.T) {
+	code, out, errs := runCmd(t, context.Background(), "perf", "-json", "-iters", "40", "-test", "write_bw,read_bw,write_lat", "-size", "4K", "-depth", "8", "-qps", "16")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	want := map[string]float64{"write_bw": 16 * 40, "read_bw": 16 * 40, "write_lat": 40}
+	objs := checkJSON(t, out)
+	if len(objs) != len(want) {
+		t.Fatalf("%d results, want %d:\n%s", len(objs), len(want), out)
+	}
+	for _, m := range objs {
+		if n := want[m["test"].(string)]; m["iters"] != n {
+			t.Errorf("%v: %v iterations, want %v", m["test"], m["iters"], n)
+		}
+	}
+}
+
 func TestPerfDefaultTable(t *testing.T) {
 	// The default set, cut short with -iters.
 	code, out, errs := runCmd(t, context.Background(), "perf", "-iters", "20")
@@ -154,6 +173,7 @@ func TestPerfBadUsage(t *testing.T) {
 		{[]string{"perf", "-size", "0"}, 2, "want a size"},
 		{[]string{"perf", "-sweep", "-size", "8"}, 2, "exclude each other"},
 		{[]string{"perf", "-depth", "0"}, 2, "-depth 0"},
+		{[]string{"perf", "-qps", "0"}, 2, "-qps 0"},
 		{[]string{"perf", "extra"}, 2, "unexpected arguments"},
 		{[]string{"perf", "-help"}, 0, "port after ADDR"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
