@@ -3,8 +3,8 @@ package perftest
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"runtime"
 	"time"
 	"unsafe"
 
@@ -14,24 +14,23 @@ import (
 // wordBytes is the memory of words as bytes, for registering it.
 func wordBytes(w []uint32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 4*len(w)) }
 
-// spin waits until done reports true, the queue pair fails or ctx ends.
-// It spins (yielding) for a while, as perftest busy-polls, then sleeps in
-// short steps so that a peer that stalls does not cost a CPU.
-func (d *data) spin(ctx context.Context, done func() bool) error {
-	start := time.Now()
-	for i := 0; !done(); i++ {
-		if i&63 == 0 {
-			if s := d.qp.State(); s != gowarp.StateReady {
-				return fmt.Errorf("queue pair %v: %w", s, d.qp.Err())
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+// waitPlaced waits until n bytes have been placed in the buffer, the
+// queue pair fails or ctx ends. It blocks (the placing goroutine wakes it)
+// rather than poll as perftest does: on a busy machine a spinning thread
+// starves the one that places the bytes.
+func (d *data) waitPlaced(ctx context.Context, n uint64) error {
+	for d.buf.Placed() < n {
+		if s := d.qp.State(); s != gowarp.StateReady {
+			return fmt.Errorf("queue pair %v: %w", s, d.qp.Err())
 		}
-		if time.Since(start) < 5*time.Millisecond {
-			runtime.Gosched()
-		} else {
-			time.Sleep(20 * time.Microsecond)
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		err := d.buf.WaitPlaced(wctx, n)
+		cancel()
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
 		}
 	}
 	return nil
@@ -41,15 +40,8 @@ func (d *data) spin(ctx context.Context, done func() bool) error {
 // were seen.
 func (d *data) waitCounts(ctx context.Context, sends, recvs int) error {
 	for d.sends < sends || d.recvs < recvs {
-		n, err := d.pump(ctx, false)
-		if err != nil {
+		if _, err := d.pump(ctx, true); err != nil {
 			return err
-		}
-		if n == 0 {
-			// Latency: poll first, as perftest does, then wait.
-			if err := d.spin(ctx, func() bool { return d.cq.Len() > 0 }); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
@@ -61,7 +53,8 @@ func (d *data) waitCounts(ctx context.Context, sends, recvs int) error {
 // Writes first, in send_lat the client Sends first, and each side then
 // answers what it received. A Write's arrival is told by the bytes placed
 // in the buffer (perftest polls the buffer's last byte, which carries the
-// message's number; the number is checked here too).
+// message's number; the number is checked here too). Unlike perftest,
+// which busy-polls, both waits block.
 func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest) ([]int64, error) {
 	n, size := o.Iters, o.Size
 	out := d.buf.Bytes()[:size]
@@ -84,15 +77,13 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 	// land before this side is here: count from zero.
 	const base = 0
 	recvs0 := d.recvs
-	posted := 0 // receives posted beyond the first RxDepth
 	scnt, rcnt := 0, 0
 	for scnt < n || (o.Test != ReadLat && rcnt < n) {
 		if o.Test != ReadLat && rcnt < n && !(scnt == 0 && first) {
 			rcnt++
 			switch o.Test {
 			case WriteLat:
-				want := uint64(rcnt) * uint64(size)
-				if err := d.spin(ctx, func() bool { return d.buf.Placed()-base >= want }); err != nil {
+				if err := d.waitPlaced(ctx, base+uint64(rcnt)*uint64(size)); err != nil {
 					return nil, fmt.Errorf("waiting for Write %d: %w", rcnt, err)
 				}
 				// The placed count says the whole message is there.
@@ -103,11 +94,12 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 				if err := d.waitCounts(ctx, 0, recvs0+rcnt); err != nil {
 					return nil, fmt.Errorf("waiting for Send %d: %w", rcnt, err)
 				}
-				if rcnt+o.RxDepth+posted <= n {
+				// RxDepth receives were posted first; one more for each
+				// taken while more Sends are to come than are posted.
+				if rcnt+o.RxDepth <= n {
 					if err := d.qp.PostRecv(d.recvWR()); err != nil {
 						return nil, err
 					}
-					posted++
 				}
 			}
 		}
