@@ -160,6 +160,7 @@ type control struct {
 	transcript *[]Message
 	server     bool
 	sendErr    error // a Send that failed (see pump)
+	recvErr    error // a receive that failed (see pump)
 }
 
 const ctrlBuf = 4096
@@ -211,7 +212,13 @@ func (c *control) pump(ctx context.Context) error {
 			continue
 		}
 		if err := w.Err(); err != nil {
-			return c.wrap(&w, err)
+			// A receive posted for a next message that never comes is
+			// flushed when the peer closes after the last one: an error
+			// only for a recv that waits for it.
+			if c.recvErr == nil {
+				c.recvErr = c.wrap(&w, err)
+			}
+			continue
 		}
 		if c.got != nil {
 			return fmt.Errorf("peer sent a second message before the answer to its first")
@@ -277,6 +284,9 @@ func (c *control) send(ctx context.Context, msg []byte) error {
 // recv returns the peer's next message.
 func (c *control) recv(ctx context.Context) ([]byte, error) {
 	for c.got == nil {
+		if c.recvErr != nil {
+			return nil, c.recvErr
+		}
 		if err := c.pump(ctx); err != nil {
 			return nil, err
 		}
