@@ -68,6 +68,9 @@ type clientRun struct {
 	mr     *gowarp.MR
 	credit *gowarp.MR
 	rep    reply
+	// start, if set, is the clock's start shared by parallel runs, so
+	// that they stop posting at the same moment (RunParallel).
+	start time.Time
 }
 
 func (c *Client) connect(ctx context.Context, t Test, o *Options) (*clientRun, error) {
@@ -221,6 +224,9 @@ func (r *clientRun) bandwidth(ctx context.Context) (Result, error) {
 		return err
 	}
 	start := time.Now()
+	if !r.start.IsZero() {
+		start = r.start
+	}
 	for {
 		blocked := false
 		if !stopping {

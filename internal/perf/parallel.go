@@ -56,6 +56,7 @@ func (c *Client) RunParallel(ctx context.Context, t Test, o Options, n int) (Res
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, r := range runs {
+		r.start = start
 		wg.Go(func() { res[i], rerrs[i] = r.run(ctx) })
 	}
 	wg.Wait()
