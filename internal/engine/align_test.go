@@ -10,25 +10,44 @@ import (
 	"github.com/gowarp/gowarp/wire"
 )
 
-// segLink is a link with a 1448-byte MSS that models how Linux TCP cuts
-// what it is given into segments: a record (a sendmsg with MSG_EOR, and so
-// every Writev's end) closes the segment being filled; within a record,
-// segments fill up to the MSS and carry on across calls. It keeps the
-// stream and where each segment starts.
+// segLink is a link with a 1448-byte MSS (or mss) that models how Linux
+// TCP cuts what it is given into segments: a record (a sendmsg with
+// MSG_EOR, and so every Writev's end) closes the segment being filled;
+// within a record, segments fill up to the MSS and carry on across calls.
+// It keeps the stream and where each segment starts. With grow set, the
+// MSS becomes grow after it was first asked, as loopback's does.
 type segLink struct {
 	streamLink
 	mu     sync.Mutex
 	stream []byte
 	starts []int // stream offsets where segments start
 	fill   int   // bytes in the open segment
+	mss    int
+	grow   int
+	max    int // the largest MSS given
 }
 
 const segMSS = 1448
 
-func (l *segLink) MSS() int { return segMSS }
+func (l *segLink) MSS() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mss == 0 {
+		l.mss = segMSS
+	}
+	mss := l.mss
+	if l.grow > 0 {
+		l.mss = l.grow
+	}
+	l.max = max(l.max, mss)
+	return mss
+}
 
 func (l *segLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 	l.mu.Lock()
+	if l.mss == 0 {
+		l.mss = segMSS
+	}
 	r := 0
 	for i, b := range bufs {
 		for r < len(records) && records[r] <= i {
@@ -36,7 +55,7 @@ func (l *segLink) Writev(bufs [][]byte, records []int, block bool) (int, error) 
 			r++
 		}
 		for _, c := range b {
-			if l.fill == 0 || l.fill == segMSS {
+			if l.fill == 0 || l.fill == l.mss {
 				l.starts = append(l.starts, len(l.stream))
 				l.fill = 0
 			}
@@ -55,6 +74,7 @@ func (l *segLink) check(t *testing.T, name string) {
 	defer l.mu.Unlock()
 	seg := 0 // index in starts of the segment holding offset off
 	fpdus := 0
+	mss := max(l.max, segMSS)
 	for off := 0; off < len(l.stream); {
 		_, n, err := wire.ParseFPDU(l.stream[off:], false)
 		if err != nil {
@@ -70,8 +90,8 @@ func (l *segLink) check(t *testing.T, name string) {
 		if off+n > end {
 			t.Errorf("%s: FPDU %d at %d (%d bytes) straddles the segment boundary at %d", name, fpdus, off, n, end)
 		}
-		if n > segMSS {
-			t.Errorf("%s: FPDU %d of %d bytes, more than the %d-byte MSS", name, fpdus, n, segMSS)
+		if n > mss {
+			t.Errorf("%s: FPDU %d of %d bytes, more than the %d-byte MSS", name, fpdus, n, mss)
 		}
 		off += n
 		fpdus++
@@ -88,6 +108,21 @@ func (l *segLink) check(t *testing.T, name string) {
 // miscounts such Sends; docs/interop.md §11). Messages of one FPDU between
 // an eighth of a segment and a whole one are left to TCP to pack.
 func TestFPDUsAlignToSegments(t *testing.T) {
+	testFPDUsInSegments(t, 0, 0, segMSS, 20000, []int{10000, 64, 1448, 8, 3 * 1424, 100, 19999, 150, 1, 5000})
+}
+
+// TestFPDUsInLoopbackSegments: where FPDUs cannot fill segments exactly
+// (loopback: MSS 32741, half the first window, later 65483), records of
+// whole FPDUs of at most the MSS keep every FPDU within one segment, as the
+// MSS grows too, for messages of one FPDU to many (issue 7, defect 9).
+func TestFPDUsInLoopbackSegments(t *testing.T) {
+	testFPDUsInSegments(t, 32741, 65483, 32736, 1<<20, []int{100000, 64, 65537, 8, 65536, 100, 1 << 20, 150, 1, 32720, 5000, 3*32720 + 5})
+}
+
+// testFPDUsInSegments queues Writes, Sends and Reads of each size, each
+// followed by a small Send, over segLinks of the given MSS, and checks
+// every FPDU of either side lies in one segment.
+func testFPDUsInSegments(t *testing.T, mss, grow, fpdu, size int, sizes []int) {
 	table := mem.NewTable()
 	acq, bcq := NewCQ(1024), NewCQ(1024)
 	a, err := NewQP(Config{SendDepth: 64, RecvDepth: 64, SendCQ: acq, RecvCQ: acq, PD: 1, Table: table})
@@ -99,7 +134,7 @@ func TestFPDUsAlignToSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca, cb := net.Pipe()
-	la, lb := &segLink{streamLink: streamLink{c: ca}}, &segLink{streamLink: streamLink{c: cb}}
+	la, lb := &segLink{streamLink: streamLink{c: ca}, mss: mss, grow: grow}, &segLink{streamLink: streamLink{c: cb}, mss: mss, grow: grow}
 	p := Params{IRD: 4, ORD: 4}
 	if err := a.Start(la, p); err != nil {
 		t.Fatal(err)
@@ -108,10 +143,9 @@ func TestFPDUsAlignToSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
-	if got := a.FPDUSize(); got != segMSS {
-		t.Fatalf("FPDU size %d, want the %d-byte MSS", got, segMSS)
+	if got := a.FPDUSize(); got != fpdu {
+		t.Fatalf("FPDU size %d, want %d", got, fpdu)
 	}
-	const size = 20000
 	reg := func(acc mem.Access) *mem.Region {
 		m, err := table.Register(1, [][]byte{make([]byte, size)}, acc, mem.Options{})
 		if err != nil {
@@ -120,7 +154,6 @@ func TestFPDUsAlignToSegments(t *testing.T) {
 		return m
 	}
 	src, dst := reg(0), reg(mem.RemoteWrite|mem.RemoteRead|mem.LocalWrite)
-	sizes := []int{10000, 64, 1448, 8, 3 * 1424, 100, 19999, 150, 1, 5000}
 	for range 2 { // a Send of each size, and a 16-byte one after it
 		for range sizes {
 			if err := b.PostRecv(&RecvWR{SGL: []SGE{{MR: dst, Length: size}}}); err != nil {
@@ -149,6 +182,9 @@ func TestFPDUsAlignToSegments(t *testing.T) {
 	}
 	la.check(t, "requester")
 	lb.check(t, "responder (Read Responses)")
+	if la.max != max(grow, segMSS, mss) {
+		t.Errorf("records bounded by an MSS of at most %d, want %d (read again as the stream goes)", la.max, grow)
+	}
 }
 
 // TestRecordsAfterShortWrites: after the socket took part of a batch, the

@@ -30,7 +30,8 @@ type Link interface {
 	// Unacked returns the bytes written but not yet acknowledged by the
 	// peer (unsent plus unacknowledged), or an error where unknown.
 	Unacked() (int, error)
-	// MSS returns the TCP maximum segment size, or 0 where unknown.
+	// MSS returns the TCP maximum segment size now, or 0 where unknown.
+	// Calls must not race with each other.
 	MSS() int
 	// Close closes the connection; blocked Readv and Writev calls return.
 	Close() error

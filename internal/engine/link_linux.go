@@ -32,6 +32,7 @@ type fdLink struct {
 	outqErr error
 	ofunc   func(uintptr)
 	mss     int
+	mfunc   func(uintptr)
 }
 
 // NewLink returns the Link for c: the descriptor-level one for TCP on
@@ -46,10 +47,8 @@ func NewLink(c net.Conn) Link {
 		return &streamLink{c: c}
 	}
 	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, maxIov), wiov: make([]unix.Iovec, 0, maxIov), wmsg: make([]mmsghdr, 0, maxIov)}
-	l.rfunc, l.wfunc, l.ofunc = l.doRead, l.doWrite, l.doOutq
-	_ = rc.Control(func(fd uintptr) {
-		l.mss, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG)
-	})
+	l.rfunc, l.wfunc, l.ofunc, l.mfunc = l.doRead, l.doWrite, l.doOutq, l.doMSS
+	_ = rc.Control(l.mfunc)
 	return l
 }
 
@@ -188,6 +187,18 @@ func (l *fdLink) Unacked() (int, error) {
 	return l.outq, l.outqErr
 }
 
-func (l *fdLink) MSS() int       { return l.mss }
+func (l *fdLink) doMSS(fd uintptr) {
+	if v, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG); err == nil {
+		l.mss = v
+	}
+}
+
+// MSS reads TCP_MAXSEG afresh: on loopback it grows after the connection
+// is made (TCP bounds it by half the largest window the peer offered).
+func (l *fdLink) MSS() int {
+	_ = l.rc.Control(l.mfunc)
+	return l.mss
+}
+
 func (l *fdLink) Close() error   { return l.c.Close() }
 func (l *fdLink) Conn() net.Conn { return l.c }

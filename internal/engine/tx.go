@@ -35,15 +35,15 @@ type txState struct {
 
 	iov   [][]byte
 	first int // first vector not fully written
-	// recs are the indexes in iov, counted from recBase, where records end:
-	// runs of small FPDUs are cut every maxSmallPerSegment, so that no TCP
-	// segment carries more (see end), and aligned messages end one (see
-	// closing). recFirst is the first record not yet written, recSmall the
-	// small FPDUs in the open record.
+	// recs are the indexes in iov, counted from recBase, where records end
+	// (see place, end and closing). recFirst is the first record not yet
+	// written, recFPDUs the FPDUs in the open record (only the small ones
+	// where FPDUs fill segments), recBytes its bytes.
 	recs     []int
 	recBase  int // the vector recs are counted from: t.first at the last write
 	recFirst int
-	recSmall int
+	recFPDUs int
+	recBytes int
 	recOpen  bool // an FPDU was framed since the last record end
 	arena    []byte
 	lastEnd  int    // arena offset where the last vector ends, -1 if it is not in the arena
@@ -73,11 +73,19 @@ type txState struct {
 
 	maxTagged, maxUntagged int  // payload bytes per full FPDU
 	seg                    int  // bytes of a full FPDU
-	align                  bool // FPDUs fill and start TCP segments
+	align                  bool // full FPDUs fill TCP segments exactly
+	// recMax bounds the bytes of a record where full FPDUs do not fill
+	// segments (the MSS, 0 where unknown), read again when the stream has
+	// passed mssNext.
+	recMax  int
+	mssNext uint64
 }
 
-// alignMaxSeg is the largest TCP segment to which FPDUs are aligned: real
-// links' (jumbo frames included); beyond it is loopback.
+// alignMaxSeg is the largest TCP segment that full FPDUs fill exactly:
+// real links' (jumbo frames included). Beyond it is loopback, whose MSS
+// grows as the peer's window does (TCP bounds it by half the largest window
+// seen: 32741 at first, 65483 later), so FPDUs cannot track it; records of
+// at most the first MSS keep them inside segments there (see place).
 const alignMaxSeg = 16 << 10
 
 func (t *txState) init(q *QP, l Link) {
@@ -87,15 +95,17 @@ func (t *txState) init(q *QP, l Link) {
 	t.holds = make([]*mem.Region, 0, maxIov)
 	t.arena = make([]byte, 0, txArena)
 	t.lastEnd = -1
+	mss := l.MSS()
+	t.recMax, t.mssNext = mss&^3, mssEvery
 	seg := q.params.MaxFPDU
 	if seg <= 0 {
-		seg = l.MSS()
+		seg = mss
 		// On a link with real segments, the FPDUs of a message of several
 		// fill them exactly and start with them (RFC 5044 §4.4), as siw's
 		// do: none of their headers straddles two segments (see closing).
-		// Loopback's "segment" is half its first window and means nothing
-		// on the wire.
-		t.align = seg >= 536 && seg <= alignMaxSeg
+		// TCP cuts at multiples of the MSS, so that must be a multiple of
+		// the FPDUs' 4 bytes.
+		t.align = seg >= 536 && seg <= alignMaxSeg && seg%4 == 0
 	}
 	if seg <= 0 {
 		seg = 64 << 10
@@ -238,11 +248,21 @@ func (q *QP) markSentLocked() {
 	q.retireLocked(false)
 }
 
+// mssEvery is how many bytes go out between two looks at the MSS where
+// records are bounded by it (see place).
+const mssEvery = 1 << 20
+
 // build fills an empty batch from the queues; q.mu is held.
 func (t *txState) build() {
 	q := t.q
+	if t.recMax > 0 && !t.align && t.written >= t.mssNext {
+		if mss := t.link.MSS(); mss > 0 {
+			t.recMax = mss &^ 3
+		}
+		t.mssNext = t.written + mssEvery
+	}
 	t.iov, t.first, t.arena, t.lastEnd, t.left = t.iov[:0], 0, t.arena[:0], -1, 0
-	t.recs, t.recBase, t.recFirst, t.recSmall, t.recOpen = t.recs[:0], 0, 0, 0, false
+	t.recs, t.recBase, t.recFirst, t.recFPDUs, t.recBytes, t.recOpen = t.recs[:0], 0, 0, 0, 0, false
 	if q.termPending != nil {
 		t.frameTerminate(q.termPending)
 		q.termPending = nil
@@ -297,18 +317,41 @@ func (t *txState) addArena(start, end int) {
 	t.lastEnd = end
 }
 
-// begin starts an FPDU in the batch: the length field (filled in by end),
-// the header h and the RDMAP body that body appends, if any. The caller
-// then appends the payload vectors and calls end.
-func (t *txState) begin(h *wire.Header, body func([]byte) []byte) {
+// begin starts an FPDU with n payload bytes in the batch: the length field
+// (filled in by end), the header h and the RDMAP body that body appends, if
+// any. The caller then appends the payload vectors and calls end.
+func (t *txState) begin(h *wire.Header, body func([]byte) []byte, n int) {
 	t.fStart = len(t.arena)
 	t.arena = t.arena[:t.fStart+2]
 	t.arena = h.Append(t.arena)
 	if body != nil {
 		t.arena = body(t.arena)
 	}
+	t.place(wire.FPDULen(len(t.arena) - t.fStart - 2 + n))
 	t.addArena(t.fStart, len(t.arena))
 	t.fFirst = len(t.iov)
+}
+
+// place puts the FPDU of sz bytes about to be framed in a record, where
+// full FPDUs do not fill segments (loopback): it ends the open record
+// first if the FPDU would take it past recMax bytes or maxSmallPerSegment
+// FPDUs. Linux TCP puts a record of at most its MSS (its size goal is at
+// least that) in one buffer of its own (MSG_EOR), and sends that buffer
+// as one segment, whole, whatever the window (it waits until the segment
+// fits): so every FPDU lies in one segment, and each segment starts with
+// one, as RFC 5044 §4.4 asks and as tools that dissect iWARP assume once a
+// capture has missed a packet. A longer record would be cut wherever the
+// segment ends: loopback's holds up to 64 KiB, or what the peer's window
+// has room for.
+func (t *txState) place(sz int) {
+	if t.align || t.recMax <= 0 {
+		return
+	}
+	if t.recFPDUs > 0 && (t.recBytes+sz > t.recMax || t.recFPDUs == maxSmallPerSegment) {
+		t.endRecord()
+	}
+	t.recBytes += sz
+	t.recFPDUs++
 }
 
 // addSGEs appends n payload bytes from sges, from the cursor (t.sge, t.sgeOff) on.
@@ -351,14 +394,14 @@ func (t *txState) end(n int) {
 	t.recOpen = true
 	t.left += sz
 	t.built = t.written + uint64(t.left)
-	// Many small FPDUs gathered in one write would share one TCP segment
-	// (up to 64 KiB on loopback). RFC 5044 wants FPDUs aligned to segments
-	// where it can be had, and tools that dissect iWARP give up on frames
-	// with dozens of them; so a run of small FPDUs ends a record, and so a
-	// segment, every maxSmallPerSegment. Large FPDUs span segments anyway.
-	if sz*maxSmallPerSegment < t.seg {
-		t.recSmall++
-		if t.recSmall == maxSmallPerSegment {
+	// Where full FPDUs fill segments, many small FPDUs gathered in one
+	// write would share one TCP segment; tools that dissect iWARP give up
+	// on frames with dozens of them, so a run of small FPDUs ends a record,
+	// and so a segment, every maxSmallPerSegment. Elsewhere place keeps
+	// records within a segment.
+	if t.align && sz*maxSmallPerSegment < t.seg {
+		t.recFPDUs++
+		if t.recFPDUs == maxSmallPerSegment {
 			t.endRecord()
 		}
 	}
@@ -382,9 +425,27 @@ func (t *txState) records() []int {
 	return t.recs[t.recFirst:]
 }
 
+// fit returns the payload of the next FPDU of a message, at most n bytes,
+// with a header of hdr bytes, where records are bounded by the MSS (see
+// place): one that would overflow the open record is cut to fill it,
+// unless little room is left, when the record is ended instead. So
+// loopback's records, and segments, are full: a 64 KiB message takes about
+// one, as it does over plain TCP, not two or three.
+func (t *txState) fit(n, hdr int) int {
+	if t.align || t.recBytes == 0 || wire.FPDULen(hdr+n) <= t.recMax-t.recBytes {
+		return n
+	}
+	room := (t.recMax - t.recBytes - 2 - hdr - wire.CRCLen) &^ 3
+	if t.recFPDUs < maxSmallPerSegment && room >= t.recMax/16 {
+		return min(n, room)
+	}
+	t.endRecord()
+	return n
+}
+
 // frame appends a whole FPDU whose payload is n bytes of sges from the cursor.
 func (t *txState) frame(h *wire.Header, body func([]byte) []byte, sges []SGE, n int) {
-	t.begin(h, body)
+	t.begin(h, body, n)
 	t.addSGEs(sges, n)
 	t.end(n)
 }
@@ -442,7 +503,7 @@ func (t *txState) closing(first, last bool) {
 // endRecord ends a record (a sendmsg with MSG_EOR) at the end of the batch.
 func (t *txState) endRecord() {
 	t.recs = append(t.recs, len(t.iov))
-	t.recSmall = 0
+	t.recFPDUs, t.recBytes = 0, 0
 	t.recOpen = false
 	t.lastEnd = -1 // the next header must not join this record
 }
@@ -455,10 +516,12 @@ func (e *sqEntry) sgl() []SGE {
 	return e.sges[:e.nsge]
 }
 
-// beginTmpl starts an FPDU whose header comes from a template.
-func (t *txState) beginTmpl(tm *headerTmpl, last bool, to uint64, msn, mo uint32) {
+// beginTmpl starts an FPDU with n payload bytes whose header comes from a
+// template.
+func (t *txState) beginTmpl(tm *headerTmpl, last bool, to uint64, msn, mo uint32, n int) {
 	t.fStart = len(t.arena)
 	t.arena = putTmpl(t.arena[:t.fStart+2], tm, last, to, msn, mo)
+	t.place(wire.FPDULen(len(t.arena) - t.fStart - 2 + n))
 	t.addArena(t.fStart, len(t.arena))
 	t.fFirst = len(t.iov)
 }
@@ -476,16 +539,16 @@ func (t *txState) frameSQ() bool {
 	switch e.wr.Op {
 	case OpWrite:
 		for t.room() {
-			n := t.cut(t.maxTagged, e.length, t.off)
+			n := t.fit(t.cut(t.maxTagged, e.length, t.off), wire.TaggedHeaderLen)
 			last := t.off+n == e.length
 			to := e.wr.RemoteAddr + uint64(t.off)
 			t.opening(t.off == 0, last)
 			if e.tmpl.n > 0 {
-				t.beginTmpl(&e.tmpl, last, to, 0, 0)
+				t.beginTmpl(&e.tmpl, last, to, 0, 0, n)
 			} else {
 				h := header(wire.OpWrite)
 				h.Last, h.STag, h.TO = last, e.wr.RKey, to
-				t.begin(&h, nil)
+				t.begin(&h, nil, n)
 			}
 			t.addSGEs(sges, n)
 			t.end(n)
@@ -502,18 +565,18 @@ func (t *txState) frameSQ() bool {
 			e.msn = t.msn[wire.QNSend]
 		}
 		for t.room() {
-			n := t.cut(t.maxUntagged, e.length, t.off)
+			n := t.fit(t.cut(t.maxUntagged, e.length, t.off), wire.UntaggedHeaderLen)
 			last := t.off+n == e.length
 			t.opening(t.off == 0, last)
 			if e.tmpl.n > 0 {
-				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off))
+				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off), n)
 			} else {
 				h := header(sendOpcode(&e.wr))
 				h.Last, h.MSN, h.MO = last, e.msn, uint32(t.off)
 				if e.wr.Op == OpSendInv {
 					h.RsvdULP = e.wr.InvalidateSTag
 				}
-				t.begin(&h, nil)
+				t.begin(&h, nil, n)
 			}
 			t.addSGEs(sges, n)
 			t.end(n)
@@ -548,12 +611,12 @@ func (t *txState) frameSQ() bool {
 				e.msn = t.msn[wire.QNRead]
 			}
 			if e.tmpl.n > 0 {
-				t.beginTmpl(&e.tmpl, true, 0, t.msn[wire.QNRead], 0)
+				t.beginTmpl(&e.tmpl, true, 0, t.msn[wire.QNRead], 0, 0)
 			} else {
 				rr := wire.ReadRequest{SinkSTag: o.sinkSTag, SinkTO: o.sinkTO, Size: uint32(s.Length), SourceSTag: e.wr.RKey, SourceTO: to}
 				h := header(wire.OpReadRequest)
 				h.Last, h.MSN = true, t.msn[wire.QNRead]
-				t.begin(&h, rr.Append)
+				t.begin(&h, rr.Append, 0)
 			}
 			t.end(0)
 			to += uint64(s.Length)
@@ -579,12 +642,12 @@ func (t *txState) finish(e *sqEntry) {
 func (t *txState) frameReadResponse() {
 	q := t.q
 	r := &q.irq[q.irqHead%uint64(len(q.irq))]
-	n := t.cut(t.maxTagged, r.size, r.sent)
+	n := t.fit(t.cut(t.maxTagged, r.size, r.sent), wire.TaggedHeaderLen)
 	h := header(wire.OpReadResponse)
 	h.Last = r.sent+n == r.size
 	h.STag, h.TO = r.sinkSTag, r.sinkTO+uint64(r.sent)
 	t.opening(r.sent == 0, h.Last)
-	t.begin(&h, nil)
+	t.begin(&h, nil, n)
 	if n > 0 {
 		t.hold(r.region) // the IRQ entry holds it until its last FPDU is framed
 		t.iov = r.region.Slices(t.iov, r.srcOff+uint64(r.sent), uint64(n))
