@@ -239,7 +239,8 @@ func TestLoopbackFPDUsInSegments(t *testing.T) {
 
 	const max = 1 << 20
 	src, _ := p.reg(t, max, gowarp.LocalWrite)
-	dst, _ := p.reg(t, max, gowarp.LocalWrite|gowarp.RemoteWrite|gowarp.RemoteRead)
+	dst, _ := p.reg(t, max, gowarp.LocalWrite|gowarp.RemoteWrite)
+	rsrc, _ := p.reg(t, max, gowarp.RemoteRead)
 	back, _ := p.reg(t, max, gowarp.LocalWrite)
 	const burst = 8 // of each operation, posted at once
 	for _, k := range []int{100000, 1, 65537, 100, 65536, 4096, 20000, 1448, max, 3*32720 + 5} {
@@ -255,7 +256,7 @@ func TestLoopbackFPDUsInSegments(t *testing.T) {
 				gowarp.SendWR{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
 				gowarp.SendWR{Op: gowarp.OpSend, SGL: sgl})
 			if i%2 == 0 {
-				wrs = append(wrs, gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: back, Length: k}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+				wrs = append(wrs, gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: back, Length: k}}, RemoteAddr: rsrc.Addr(), RKey: uint32(rsrc.STag())})
 			}
 		}
 		wrs[len(wrs)-1].Flags, wrs[len(wrs)-1].ID = gowarp.Signaled, uint64(k)

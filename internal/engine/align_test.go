@@ -153,7 +153,9 @@ func testFPDUsInSegments(t *testing.T, mss, grow, fpdu, size int, sizes []int) {
 		}
 		return m
 	}
-	src, dst := reg(0), reg(mem.RemoteWrite|mem.RemoteRead|mem.LocalWrite)
+	// Regions apart, so that what one path reads no other writes.
+	src, dst := reg(0), reg(mem.RemoteWrite|mem.LocalWrite)
+	rsrc, sink := reg(mem.RemoteRead), reg(mem.LocalWrite)
 	for range 2 { // a Send of each size, and a 16-byte one after it
 		for range sizes {
 			if err := b.PostRecv(&RecvWR{SGL: []SGE{{MR: dst, Length: size}}}); err != nil {
@@ -173,10 +175,10 @@ func testFPDUsInSegments(t *testing.T, mss, grow, fpdu, size int, sizes []int) {
 		sgl := []SGE{{MR: src, Length: n}}
 		post(SendWR{Op: OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
 		post(SendWR{Op: OpSend, SGL: sgl})
-		post(SendWR{Op: OpRead, SGL: []SGE{{MR: dst, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+		post(SendWR{Op: OpRead, SGL: []SGE{{MR: sink, Length: n}}, RemoteAddr: rsrc.Addr(), RKey: uint32(rsrc.STag())})
 		post(SendWR{Op: OpSend, SGL: []SGE{{MR: src, Length: 16}}})
 	}
-	post(SendWR{Op: OpRead, Flags: Signaled, SGL: []SGE{{MR: dst, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+	post(SendWR{Op: OpRead, Flags: Signaled, SGL: []SGE{{MR: sink, Length: 8}}, RemoteAddr: rsrc.Addr(), RKey: uint32(rsrc.STag())})
 	if c := next(t, acq); c.ID != id || c.Status != Success {
 		t.Fatalf("last Read: %+v (%v)", c, a.Err())
 	}
