@@ -230,12 +230,15 @@ func tcpPayload(b []byte) []byte {
 // and invented opcodes in 300 messages of 100,000 bytes before (issue 7,
 // defect 9), and a siw peer reading the same segments would meet its split
 // header bug (docs/interop.md §11). A packet socket watches the loopback
-// link of a namespace of the test's own.
+// link of a namespace of the test's own. One cut is TCP's alone: when the
+// peer has stopped reading long enough (200 ms and more on a busy host)
+// and its window has room for part of the next segment only, the persist
+// timer sends that part; such a cut ends at the peer's window edge.
 func TestLoopbackFPDUsInSegments(t *testing.T) {
 	n := netns.New(t, 1500)
+	stop := captureTCP(t, n.A, "lo")
 	in := func(f func() error) error { return netns.Do(n.A, f) }
 	p := newPairOn(t, gowarp.ConnectOptions{CRC: true}, "127.0.0.1:0", in, in)
-	stop := captureSegments(t, n.A, "lo")
 
 	const max = 1 << 20
 	src, _ := p.reg(t, max, gowarp.LocalWrite)
@@ -275,19 +278,53 @@ func TestLoopbackFPDUsInSegments(t *testing.T) {
 		}
 	}
 
-	var fpdus, checked, bad int
-	for _, pl := range stop() {
+	type side struct {
+		wscale uint
+		edge   uint32 // the window's right edge it advertised last
+		resume uint32 // where its next FPDU starts, after a cut at the peer's edge
+		cut    bool
+	}
+	sides := map[uint16]*side{}
+	get := func(port uint16) *side {
+		if sides[port] == nil {
+			sides[port] = &side{}
+		}
+		return sides[port]
+	}
+	var fpdus, checked, bad, cuts int
+	for _, s := range stop() {
+		me, peer := get(s.sport), get(s.dport)
+		if s.syn {
+			me.wscale = s.wscale
+		}
+		if s.ackOK {
+			me.edge = s.ack + uint32(s.win)<<me.wscale
+		}
+		pl := s.payload
+		if len(pl) == 0 || bytes.HasPrefix(pl, []byte("MPA ID ")) {
+			continue
+		}
 		checked++
 		off, k := 0, 0
+		if me.cut {
+			me.cut = false
+			if d := int32(me.resume - s.seq); d > 0 && int(d) <= len(pl) {
+				off = int(d)
+			}
+		}
 		for off+2 <= len(pl) {
 			off += wire.FPDULen(int(binary.BigEndian.Uint16(pl[off:])))
 			k++
 		}
-		if off == len(pl) {
+		switch {
+		case off == len(pl):
 			fpdus += k
-		} else {
+		case s.seq+uint32(len(pl)) == peer.edge:
+			cuts++
+			me.cut, me.resume = true, s.seq+uint32(off)
+		default:
 			if bad++; bad <= 10 {
-				t.Errorf("a %d-byte segment does not hold whole FPDUs (they walk to %d)", len(pl), off)
+				t.Errorf("a %d-byte segment (seq %d) does not hold whole FPDUs (they walk to %d; the peer's window ends at %d)", len(pl), s.seq, off, peer.edge)
 			}
 		}
 	}
@@ -297,15 +334,24 @@ func TestLoopbackFPDUsInSegments(t *testing.T) {
 	if fpdus < 500 {
 		t.Errorf("saw only %d FPDUs in %d segments", fpdus, checked)
 	}
-	t.Logf("%d segments, %d FPDUs", checked, fpdus)
+	t.Logf("%d segments, %d FPDUs, %d cut at the peer's window edge", checked, fpdus, cuts)
 }
 
-// captureSegments watches the link named ifname in namespace ns with a
-// packet socket and gathers the TCP payloads gowarp sends after the MPA
-// exchange (each packet once: loopback's outgoing copies are left out),
-// until stop is called, which returns them. The test skips where packet
-// sockets cannot be had.
-func captureSegments(t *testing.T, ns, ifname string) (stop func() [][]byte) {
+// tcpSeg is a TCP segment seen by captureTCP.
+type tcpSeg struct {
+	sport, dport uint16
+	seq, ack     uint32
+	win          uint16
+	syn, ackOK   bool
+	wscale       uint // the window scale a SYN offers
+	payload      []byte
+}
+
+// captureTCP watches the link named ifname in namespace ns with a packet
+// socket and gathers the IPv4 TCP segments on it (each once: loopback's
+// outgoing copies are left out), until stop is called, which returns
+// them. The test skips where packet sockets cannot be had.
+func captureTCP(t *testing.T, ns, ifname string) (stop func() []tcpSeg) {
 	var fd int
 	if err := netns.Do(ns, func() error {
 		ifi, err := net.InterfaceByName(ifname)
@@ -323,7 +369,7 @@ func captureSegments(t *testing.T, ns, ifname string) (stop func() [][]byte) {
 		t.Skipf("no packet socket in the namespace: %v", err)
 	}
 	var quit atomic.Bool
-	segs := make(chan []byte, 1<<16)
+	segs := make(chan tcpSeg, 1<<16)
 	go func() {
 		defer close(segs)
 		defer unix.Close(fd)
@@ -336,18 +382,60 @@ func captureSegments(t *testing.T, ns, ifname string) (stop func() [][]byte) {
 			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
 				continue
 			}
-			if pl := tcpPayload(buf[:k]); len(pl) > 0 && !bytes.HasPrefix(pl, []byte("MPA ID ")) {
-				segs <- bytes.Clone(pl)
+			if s, ok := parseTCP(buf[:k]); ok {
+				s.payload = bytes.Clone(s.payload)
+				segs <- s
 			}
 		}
 	}()
-	return func() [][]byte {
+	return func() []tcpSeg {
 		time.Sleep(200 * time.Millisecond)
 		quit.Store(true)
-		var all [][]byte
-		for pl := range segs {
-			all = append(all, pl)
+		var all []tcpSeg
+		for s := range segs {
+			all = append(all, s)
 		}
 		return all
 	}
+}
+
+// parseTCP parses an IPv4 TCP segment.
+func parseTCP(b []byte) (tcpSeg, bool) {
+	var s tcpSeg
+	if len(b) < 20 || b[0]>>4 != 4 || b[9] != unix.IPPROTO_TCP {
+		return s, false
+	}
+	ihl := int(b[0]&0xf) * 4
+	if tot := int(binary.BigEndian.Uint16(b[2:])); tot >= ihl && tot <= len(b) {
+		b = b[:tot]
+	}
+	if len(b) < ihl+20 {
+		return s, false
+	}
+	h := b[ihl:]
+	off := int(h[12]>>4) * 4
+	if off < 20 || off > len(h) {
+		return s, false
+	}
+	s.sport, s.dport = binary.BigEndian.Uint16(h), binary.BigEndian.Uint16(h[2:])
+	s.seq, s.ack = binary.BigEndian.Uint32(h[4:]), binary.BigEndian.Uint32(h[8:])
+	s.syn, s.ackOK = h[13]&0x02 != 0, h[13]&0x10 != 0
+	s.win = binary.BigEndian.Uint16(h[14:])
+	for o := h[20:off]; len(o) > 0; {
+		switch {
+		case o[0] == 0:
+			o = nil
+		case o[0] == 1:
+			o = o[1:]
+		case len(o) < 2 || int(o[1]) < 2 || int(o[1]) > len(o):
+			o = nil
+		default:
+			if o[0] == 3 && o[1] == 3 {
+				s.wscale = uint(o[2])
+			}
+			o = o[o[1]:]
+		}
+	}
+	s.payload = h[off:]
+	return s, true
 }
