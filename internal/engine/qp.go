@@ -288,12 +288,15 @@ func (q *QP) Err() error {
 func (q *QP) Params() Params { return q.params }
 
 // FPDUSize returns the size on the wire of a full FPDU on this connection
-// (the TCP segment, rounded down to 4 on links with real segments and to
-// 8 on loopback, unless set), 0 before Start.
+// now (the TCP segment, rounded down to 4 on links with real segments; on
+// loopback the MSS less room for TCP's options, rounded down to 8, which
+// grows as the MSS does), unless set; 0 before Start.
 func (q *QP) FPDUSize() int {
 	if q.State() == StateIdle || q.State() == StateConnecting {
 		return 0
 	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	return q.tx.seg
 }
 

@@ -79,6 +79,7 @@ type txState struct {
 	// passed mssNext.
 	recMax  int
 	mssNext uint64
+	grow    bool // full FPDUs follow recMax
 }
 
 // alignMaxSeg is the largest TCP segment that full FPDUs fill exactly:
@@ -106,13 +107,21 @@ func (t *txState) init(q *QP, l Link) {
 		// TCP cuts at multiples of the MSS, so that must be a multiple of
 		// the FPDUs' 4 bytes.
 		t.align = seg >= 536 && seg <= alignMaxSeg && seg%4 == 0
-		if !t.align {
-			seg = t.recMax // an FPDU alone fits a record
+		// Elsewhere (loopback) a full FPDU fills a record, and grows
+		// with it (see build).
+		t.grow = !t.align && t.recMax > 0
+		if t.grow {
+			seg = t.recMax
 		}
 	}
 	if seg <= 0 {
 		seg = 64 << 10
 	}
+	t.setSeg(seg)
+}
+
+// setSeg sets the bytes of a full FPDU.
+func (t *txState) setSeg(seg int) {
 	if t.align {
 		seg &^= 3 // full FPDUs are 4-byte multiples
 	} else {
@@ -270,6 +279,9 @@ func (t *txState) build() {
 	if t.recMax > 0 && !t.align && t.written >= t.mssNext {
 		if mss := t.link.MSS(); mss > 0 {
 			t.recMax = recLimit(mss)
+			if t.grow {
+				t.setSeg(t.recMax)
+			}
 		}
 		t.mssNext = t.written + mssEvery
 	}
@@ -485,7 +497,7 @@ func segment(max, total, off int) int {
 // total: full FPDUs and a shorter last one when FPDUs are aligned to TCP
 // segments, nearly equal ones otherwise.
 func (t *txState) cut(max, total, off int) int {
-	if t.align {
+	if t.align || t.recMax > 0 {
 		return min(max, total-off)
 	}
 	return segment(max, total, off)
