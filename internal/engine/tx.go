@@ -85,8 +85,9 @@ type txState struct {
 // alignMaxSeg is the largest TCP segment that full FPDUs fill exactly:
 // real links' (jumbo frames included). Beyond it is loopback, whose MSS
 // grows as the peer's window does (TCP bounds it by half the largest window
-// seen: 32741 at first, 65483 later), so FPDUs cannot track it; records of
-// at most the first MSS keep them inside segments there (see place).
+// seen: 32741 at first, 65483 later) and whose segments TCP fills with
+// whatever it has; records of whole FPDUs of at most the MSS keep FPDUs
+// inside segments there (see place).
 const alignMaxSeg = 16 << 10
 
 func (t *txState) init(q *QP, l Link) {
@@ -481,9 +482,9 @@ func header(op wire.Opcode) wire.Header {
 // segment returns the payload of the FPDU at offset off of a message of
 // length total, with at most max bytes per FPDU. A message that needs k
 // FPDUs is cut into k nearly equal ones (4-byte multiples but the last),
-// rather than full ones and a runt: a 64 KiB Write on loopback (segment
-// 32741) becomes three FPDUs of about 21.8 KiB, each of which the receiver
-// reads straight into place.
+// rather than full ones and a runt, each of which the receiver reads
+// straight into place. It serves links whose MSS is unknown; where it is
+// known, FPDUs fill segments or records (see cut).
 func segment(max, total, off int) int {
 	left := total - off
 	if left <= max {
@@ -494,8 +495,8 @@ func segment(max, total, off int) int {
 }
 
 // cut returns the payload of the FPDU at offset off of a message of length
-// total: full FPDUs and a shorter last one when FPDUs are aligned to TCP
-// segments, nearly equal ones otherwise.
+// total: full FPDUs and a shorter last one where the MSS is known (FPDUs
+// fill segments, or records: see fit), nearly equal ones otherwise.
 func (t *txState) cut(max, total, off int) int {
 	if t.align || t.recMax > 0 {
 		return min(max, total-off)
