@@ -106,3 +106,124 @@ func benchManyQPs(b *testing.B, n int) {
 	// shows the cost of the path whatever share of the CPUs it got.
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
+
+// BenchmarkManyQPsSharedCQ is BenchmarkManyQPs with one CQ for all the
+// client queue pairs and one goroutine polling it, for comparison: no
+// waiter receives inline there, the receive goroutines hand everything
+// over.
+func BenchmarkManyQPsSharedCQ(b *testing.B) {
+	for _, n := range []int{1, 16, 64, 256} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { benchManyQPsShared(b, n) })
+	}
+}
+
+func benchManyQPsShared(b *testing.B, n int) {
+	const (
+		size  = 4 << 10
+		depth = 8
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dev := gowarp.Open()
+	pd := dev.AllocPD()
+	cq := dev.NewCQ(2 * n * depth)
+	ln, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	type client struct {
+		qp       *gowarp.QP
+		wr       [2]gowarp.SendWR
+		inflight int
+		k        int
+	}
+	cs := make([]client, n)
+	qpIndex := map[*gowarp.QP]int{}
+	for i := range cs {
+		c := &cs[i]
+		if c.qp, err = pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq, SendDepth: 2 * depth}); err != nil {
+			b.Fatal(err)
+		}
+		qpIndex[c.qp] = i
+		spd := dev.AllocPD()
+		scq := dev.NewCQ(16)
+		sqp, err := spd.NewQP(gowarp.QPConfig{SendCQ: scq, RecvCQ: scq})
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst, err := spd.Register(make([]byte, size), gowarp.RemoteWrite|gowarp.RemoteRead)
+		if err != nil {
+			b.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			req, err := ln.Accept(ctx)
+			if err != nil {
+				errc <- err
+				return
+			}
+			errc <- req.Accept(ctx, sqp, gowarp.ConnectOptions{})
+		}()
+		if err := c.qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.qp.Close(); sqp.Close() })
+		src, err := pd.Register(make([]byte, size), gowarp.LocalWrite)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.wr[0] = gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+		c.wr[1] = gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+	}
+	left := b.N
+	post := func(c *client) {
+		if left == 0 {
+			return
+		}
+		left--
+		if err := c.qp.PostSend(&c.wr[c.k&1]); err != nil {
+			b.Fatal(err)
+		}
+		c.k++
+		c.inflight++
+	}
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	inflight := 0
+	for i := range cs {
+		for cs[i].inflight < depth && left > 0 {
+			post(&cs[i])
+			inflight++
+		}
+	}
+	wc := make([]gowarp.Completion, 64)
+	for inflight > 0 {
+		m := cq.Poll(wc)
+		if m == 0 {
+			if err := cq.Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+			continue
+		}
+		for _, w := range wc[:m] {
+			if w.Status != gowarp.Success {
+				b.Fatalf("completion %v", w.Status)
+			}
+			c := &cs[qpIndex[w.QP]]
+			c.inflight--
+			inflight--
+			if left > 0 {
+				post(c)
+				inflight++
+			}
+		}
+	}
+	b.StopTimer()
+	cpu := cpuTime() - cpu0
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
