@@ -171,26 +171,66 @@ type session struct {
 	batch  []gowarp.SendWR // replies of non-blocking handlers, one doorbell
 	next   *ServerCall     // a call the poller runs itself, after handing its role on
 	// inline is a generation<<2 | state of the call the poller runs
-	// itself; the watchdog starts a new poller if it runs too long.
-	inline   atomic.Uint64
-	watchdog *time.Timer
+	// itself; the watchdog starts a new poller if it runs too long. The
+	// watchdog is a timer that re-arms itself while calls keep coming
+	// (resetting a timer per call cost ~10 µs of latency: it wakes the
+	// runtime's timer thread), checking the running call's age.
+	inline      atomic.Uint64
+	inlineStart atomic.Int64 // when the running call started, UnixNano
+	watchdog    *time.Timer
+	armed       atomic.Bool
+	seen        atomic.Uint64 // the generation the watchdog last saw
 }
 
 const (
 	inlineRunning = 1
 	inlineHanded  = 2
 	// handoffAfter is how long a handler called by value may run on the
-	// poller before another goroutine takes over polling.
+	// poller before another goroutine takes over polling; the watchdog
+	// looks every watchPeriod, so a blocking handler holds the poller up
+	// for at most their sum (and the timer's lateness).
 	handoffAfter = 50 * time.Microsecond
+	watchPeriod  = 100 * time.Microsecond
 )
 
-// handOff runs when a call run on the poller has not returned in time:
-// a new poller takes the role (the lead token stays held, now by it).
+// watch marks the start of call generation g on the poller and arms the
+// watchdog if it sleeps.
+func (x *session) watch(g uint64) {
+	x.inlineStart.Store(time.Now().UnixNano())
+	x.inline.Store(g<<2 | inlineRunning)
+	if !x.armed.Load() && x.armed.CompareAndSwap(false, true) {
+		x.watchdog.Reset(watchPeriod)
+	}
+}
+
+// handOff is the watchdog: a call run on the poller for handoffAfter
+// gets a new poller started (the lead token stays held, now by it); while
+// calls keep coming the watchdog re-arms, and sleeps once they stop.
 func (x *session) handOff() {
+	if x.ctx.Err() != nil {
+		x.armed.Store(false)
+		return
+	}
 	v := x.inline.Load()
-	if v&3 == inlineRunning && x.inline.CompareAndSwap(v, v&^3|inlineHanded) {
-		x.wg.Add(1) // the running poller has not returned: the count is not zero
-		go x.poll(false)
+	if v&3 == inlineRunning {
+		age := time.Duration(time.Now().UnixNano() - x.inlineStart.Load())
+		if age < handoffAfter {
+			x.watchdog.Reset(handoffAfter - age)
+			return
+		}
+		if x.inline.CompareAndSwap(v, v&^3|inlineHanded) {
+			x.wg.Add(1) // the running poller has not returned: the count is not zero
+			go x.poll(false)
+		}
+	}
+	if g := x.inline.Load() >> 2; g != x.seen.Swap(g) {
+		x.watchdog.Reset(watchPeriod)
+		return
+	}
+	x.armed.Store(false)
+	// A call that started just now saw the watchdog armed: arm it again.
+	if x.inline.Load()>>2 != x.seen.Load() && x.armed.CompareAndSwap(false, true) {
+		x.watchdog.Reset(watchPeriod)
 	}
 }
 
@@ -346,8 +386,7 @@ func (x *session) poll(spare bool) {
 			// returned after handoffAfter.
 			x.next = nil
 			g := x.inline.Load()>>2 + 1
-			x.inline.Store(g<<2 | inlineRunning)
-			x.watchdog.Reset(handoffAfter)
+			x.watch(g)
 			if !c.run(false, g) {
 				return // the watchdog started another poller
 			}
@@ -609,7 +648,6 @@ func (x *session) unwatch(g uint64) bool {
 		return true
 	}
 	if x.inline.CompareAndSwap(g<<2|inlineRunning, g<<2) {
-		x.watchdog.Stop()
 		return true
 	}
 	return false
