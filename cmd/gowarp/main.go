@@ -99,6 +99,18 @@ exit status:
 `)
 }
 
+// newFlagSet is a subcommand's flag set: errors and -h go to stderr, as
+// usage followed by every flag (printFlags).
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		printFlags(fs)
+	}
+	return fs
+}
+
 // printFlags writes every flag of fs with its default, unlike
 // flag.PrintDefaults, which leaves out zero defaults (false, 0, "") and so
 // hides what a flag does when it is not given.

@@ -67,12 +67,7 @@ type perfConfig struct {
 
 func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 	c := &perfConfig{}
-	fs := flag.NewFlagSet("perf", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), perfUsage)
-		printFlags(fs)
-	}
+	fs := newFlagSet("perf", perfUsage, stderr)
 	fs.Var(&c.tests, "test", "test `NAME` to run; repeat or separate with commas; all for every test (default: the eight above)")
 	fs.Var(&c.size, "size", "message size in `bytes` (K and M suffixes allowed; default 64K for bandwidth, 8 for latency)")
 	fs.BoolVar(&c.sweep, "sweep", false, "run every size from 2 B to 1 MiB in powers of two")

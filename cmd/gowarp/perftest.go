@@ -43,12 +43,7 @@ flags:
 `
 
 func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("perftest", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), perftestUsage)
-		printFlags(fs)
-	}
+	fs := newFlagSet("perftest", perftestUsage, stderr)
 	var o perftest.Options
 	test := fs.String("test", "", "`test`: write_bw, read_bw, send_bw, write_lat, read_lat or send_lat (or the first argument)")
 	client := fs.String("client", "", "server `ADDR` to run against (host or host:port; or the last argument); none: serve")

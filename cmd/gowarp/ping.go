@@ -39,12 +39,7 @@ flags:
 
 func pingFlags(stderr io.Writer) (*flag.FlagSet, *pingConfig) {
 	c := &pingConfig{}
-	fs := flag.NewFlagSet("ping", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), pingUsage)
-		printFlags(fs)
-	}
+	fs := newFlagSet("ping", pingUsage, stderr)
 	fs.BoolVar(&c.server, "s", false, "server side")
 	fs.BoolVar(&c.client, "c", false, "client side")
 	fs.StringVar(&c.addr, "a", "", "`address`: to listen on (server; default all) or to connect to (client)")

@@ -31,12 +31,7 @@ flags:
 `
 
 func runRPC(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("rpc bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), rpcUsage)
-		printFlags(fs)
-	}
+	fs := newFlagSet("rpc bench", rpcUsage, stderr)
 	dur := fs.Duration("duration", 2*time.Second, "time per case")
 	conc := fs.String("c", "1,16,64", "concurrencies of small calls")
 	small := fs.Int("small", 64, "small argument and result size in bytes")

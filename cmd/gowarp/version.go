@@ -25,12 +25,7 @@ flags:
 `
 
 func versionMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), versionUsage)
-		printFlags(fs)
-	}
+	fs := newFlagSet("version", versionUsage, stderr)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return exitOK
