@@ -304,6 +304,22 @@ func (f *fakeServer) data(ctx context.Context, pd *gowarp.PD, buf *gowarp.MR) er
 	return nil
 }
 
+// listen opens a device listening on loopback for a test, closed when the
+// test ends, and a context that ends after 20 s, so that a peer that goes
+// quiet fails the test instead of hanging it.
+func listen(t *testing.T) (context.Context, *gowarp.Device, *gowarp.Listener) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	dev := gowarp.Open()
+	ln, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ctx, dev, ln
+}
+
 // TestAgainstCapture runs the client against a server that answers with
 // what siw's perftest server sent in the captures and checks every control
 // message the client sends against what siw's perftest client sent.
@@ -314,14 +330,7 @@ func TestAgainstCapture(t *testing.T) {
 			if len(cp.client) != len(cp.server) {
 				t.Fatalf("capture: %d client and %d server messages", len(cp.client), len(cp.server))
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			dev := gowarp.Open()
-			ln, err := dev.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ctx, dev, ln := listen(t)
 			f := &fakeServer{test: test, cap: cp, dev: dev, ln: ln, clientDest: make(chan Dest, 1), done: make(chan struct{})}
 			sctx, scancel := context.WithCancel(ctx)
 			var wg sync.WaitGroup

@@ -1,7 +1,6 @@
 package perftest
 
 import (
-	"context"
 	"math"
 	"strings"
 	"testing"
@@ -50,14 +49,7 @@ func TestServeBadClient(t *testing.T) {
 		{"gone after the version", [][]byte{AppendVersion(nil, Version)}, "cycle buffer"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			dev := gowarp.Open()
-			ln, err := dev.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ctx, dev, ln := listen(t)
 			errc := make(chan error, 1)
 			go func() {
 				_, err := Serve(ctx, dev, ln, Options{Test: WriteLat})

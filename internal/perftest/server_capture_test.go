@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -21,14 +20,7 @@ func TestServerAgainstCapture(t *testing.T) {
 	for _, test := range []Test{WriteBW, ReadBW, ReadLat} {
 		t.Run(string(test), func(t *testing.T) {
 			cp := loadCapture(t, test)
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			dev := gowarp.Open()
-			ln, err := dev.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ctx, dev, ln := listen(t)
 			size, iters := capSize, capIters
 			if test.Latency() {
 				size = 8
