@@ -598,12 +598,12 @@ func TestSilentPeerDoesNotStallListener(t *testing.T) {
 	}
 }
 
-// TestResponderSilentUntilFirstFPDU: without peer-to-peer mode a responder
-// sends nothing before the initiator's first FPDU (RFC 5044 §7.1.2; a siw
-// initiator treats early bytes as a protocol error), even with a Send
-// posted at once; the Send leaves as soon as the initiator has spoken.
-func TestResponderSilentUntilFirstFPDU(t *testing.T) {
-	s := newServer(t, gowarp.ConnectOptions{})
+// dialNoP2PPostHello dials a raw initiator without peer-to-peer mode to a
+// server accepting with o, and posts a Send of "hello" on the responder's
+// queue pair.
+func dialNoP2PPostHello(t *testing.T, o gowarp.ConnectOptions) *rawPeer {
+	t.Helper()
+	s := newServer(t, o)
 	p, rep := dialRaw(t, s.ln.Addr().String(), false, 1, 1)
 	if rep.P2P {
 		t.Fatal("reply offers peer-to-peer mode to a request that did not ask")
@@ -613,6 +613,15 @@ func TestResponderSilentUntilFirstFPDU(t *testing.T) {
 	if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 5}}}); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// TestResponderSilentUntilFirstFPDU: without peer-to-peer mode a responder
+// sends nothing before the initiator's first FPDU (RFC 5044 §7.1.2; a siw
+// initiator treats early bytes as a protocol error), even with a Send
+// posted at once; the Send leaves as soon as the initiator has spoken.
+func TestResponderSilentUntilFirstFPDU(t *testing.T) {
+	p := dialNoP2PPostHello(t, gowarp.ConnectOptions{})
 	p.c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	if n, err := p.c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("the responder sent %d bytes before the initiator's first FPDU (%v)", n, err)
@@ -629,16 +638,7 @@ func TestResponderSilentUntilFirstFPDU(t *testing.T) {
 // mode sends at once, before the initiator's first FPDU, as siw does (for
 // perftest's write_lat, whose server Writes first).
 func TestResponderSendFirst(t *testing.T) {
-	s := newServer(t, gowarp.ConnectOptions{SendFirst: true})
-	p, rep := dialRaw(t, s.ln.Addr().String(), false, 1, 1)
-	if rep.P2P {
-		t.Fatal("reply offers peer-to-peer mode to a request that did not ask")
-	}
-	qp := s.accepted(t)
-	src, _ := s.pd.Register([]byte("hello"), 0)
-	if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 5}}}); err != nil {
-		t.Fatal(err)
-	}
+	p := dialNoP2PPostHello(t, gowarp.ConnectOptions{SendFirst: true})
 	p.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	h, payload, err := p.next()
 	if err != nil || h.Opcode != wire.OpSend || string(payload[:5]) != "hello" {
