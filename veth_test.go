@@ -98,22 +98,7 @@ func BenchmarkVethTCP64K(b *testing.B) {
 func TestVethFPDUsFillSegments(t *testing.T) {
 	p, n := vethPair(t, gowarp.ConnectOptions{})
 	mss := p.a.FPDUSize()
-	var fd int
-	if err := netns.Do(n.B, func() error {
-		ifi, err := net.InterfaceByName(n.LinkB)
-		if err != nil {
-			return err
-		}
-		proto := int(htons(unix.ETH_P_ALL))
-		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM, proto); err != nil {
-			return err
-		}
-		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
-		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000})
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
-	}); err != nil {
-		t.Skipf("no packet socket in the namespace: %v", err)
-	}
+	fd := packetSocket(t, n.B, n.LinkB)
 	defer unix.Close(fd)
 	var stop atomic.Bool
 	segs := make(chan []byte, 1<<14)
@@ -347,11 +332,12 @@ type tcpSeg struct {
 	payload      []byte
 }
 
-// captureTCP watches the link named ifname in namespace ns with a packet
-// socket and gathers the IPv4 TCP segments on it (each once: loopback's
-// outgoing copies are left out), until stop is called, which returns
-// them. The test skips where packet sockets cannot be had.
-func captureTCP(t *testing.T, ns, ifname string) (stop func() []tcpSeg) {
+// packetSocket opens a packet socket in namespace ns bound to the link
+// named ifname, with a large receive buffer and a 100 ms read timeout (so
+// a reader can check for stop). The test skips where packet sockets
+// cannot be had.
+func packetSocket(t *testing.T, ns, ifname string) int {
+	t.Helper()
 	var fd int
 	if err := netns.Do(ns, func() error {
 		ifi, err := net.InterfaceByName(ifname)
@@ -368,6 +354,15 @@ func captureTCP(t *testing.T, ns, ifname string) (stop func() []tcpSeg) {
 	}); err != nil {
 		t.Skipf("no packet socket in the namespace: %v", err)
 	}
+	return fd
+}
+
+// captureTCP watches the link named ifname in namespace ns with a packet
+// socket and gathers the IPv4 TCP segments on it (each once: loopback's
+// outgoing copies are left out), until stop is called, which returns
+// them. The test skips where packet sockets cannot be had.
+func captureTCP(t *testing.T, ns, ifname string) (stop func() []tcpSeg) {
+	fd := packetSocket(t, ns, ifname)
 	var quit atomic.Bool
 	segs := make(chan tcpSeg, 1<<16)
 	go func() {
