@@ -219,21 +219,29 @@ func TestReadAtIRDZeroTerminates(t *testing.T) {
 // it why with RFC 6581's Terminate (MPA, insufficient IRD).
 func TestNoReadsInitiatorRefusesReader(t *testing.T) {
 	addr, conns := rawResponder(t, net.ListenConfig{}, 16, 1)
+	connectTerminated(t, addr, conns, gowarp.ConnectOptions{IRD: gowarp.NoReads, NoP2P: true}, gowarp.ErrInsufficientIRD, wire.ErrMPAInsufficientIRD)
+}
+
+// connectTerminated connects a new queue pair to addr with o and checks
+// that Connect fails with wantErr and that the raw peer, whose connection
+// arrives on conns, is sent a Terminate carrying wantTerm.
+func connectTerminated(t *testing.T, addr string, conns <-chan net.Conn, o gowarp.ConnectOptions, wantErr, wantTerm error) {
+	t.Helper()
 	dev := gowarp.Open()
 	cq := dev.NewCQ(8)
 	qp, _ := dev.AllocPD().NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
 	defer qp.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := qp.Connect(ctx, addr, gowarp.ConnectOptions{IRD: gowarp.NoReads, NoP2P: true}); !errors.Is(err, gowarp.ErrInsufficientIRD) {
-		t.Fatalf("Connect: %v, want ErrInsufficientIRD", err)
+	if err := qp.Connect(ctx, addr, o); !errors.Is(err, wantErr) {
+		t.Fatalf("Connect: %v, want %v", err, wantErr)
 	}
 	c := <-conns
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	term := (&rawPeer{t: t, c: c}).terminate()
-	if !errors.Is(&term.Err, wire.ErrMPAInsufficientIRD) {
-		t.Fatalf("Terminate %v, want %v", &term.Err, wire.ErrMPAInsufficientIRD)
+	if !errors.Is(&term.Err, wantTerm) {
+		t.Fatalf("Terminate %v, want %v", &term.Err, wantTerm)
 	}
 }
 
@@ -267,22 +275,7 @@ func TestNoMatchingRTRTerminates(t *testing.T) {
 				c.Write(rep)
 				conns <- c
 			}()
-			dev := gowarp.Open()
-			cq := dev.NewCQ(8)
-			qp, _ := dev.AllocPD().NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
-			defer qp.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{ORD: tc.ord}); !errors.Is(err, gowarp.ErrMPAProtocol) {
-				t.Fatalf("Connect: %v, want ErrMPAProtocol", err)
-			}
-			c := <-conns
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			term := (&rawPeer{t: t, c: c}).terminate()
-			if !errors.Is(&term.Err, wire.ErrMPANoMatchingRTR) {
-				t.Fatalf("Terminate %v, want %v", &term.Err, wire.ErrMPANoMatchingRTR)
-			}
+			connectTerminated(t, ln.Addr().String(), conns, gowarp.ConnectOptions{ORD: tc.ord}, gowarp.ErrMPAProtocol, wire.ErrMPANoMatchingRTR)
 		})
 	}
 }
