@@ -84,33 +84,23 @@ func plausibleLat(mine, theirs []string, c perfCase, fail func(string, ...any)) 
 	}
 }
 
-// perftestLatClient: ib_*_lat -R in the guest, gowarp perftest as its
-// client.
-func (s *suite) perftestLatClient(t *testing.T, c perfCase) {
+// retriedRun runs once with c sized, under a 4-minute context, retried as
+// withRetry does (gowarp Sends to siw in send_lat only: the send_bw server
+// Writes credits), and adds its detail to the summary.
+func (s *suite) retriedRun(t *testing.T, c perfCase, once func(ctx context.Context, c perfCase) (string, []string)) {
 	ctx := ctxFor(t, 4*time.Minute)
 	c = c.sized()
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	detail = s.withRetry(ctx, t, c.test == "send_lat", func() (detail string, problems []string) {
+	detail = s.withRetry(ctx, t, c.test == "send_lat", func() (string, []string) { return once(ctx, c) })
+}
+
+// perftestLatClient: ib_*_lat -R in the guest, gowarp perftest as its
+// client.
+func (s *suite) perftestLatClient(t *testing.T, c perfCase) {
+	s.retriedRun(t, c, func(ctx context.Context, c perfCase) (detail string, problems []string) {
 		fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
-		job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d", c.test, guestPerftestPort, c.iters, c.size), 3*time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		args := append([]string{"perftest", "-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
-		args = append(args, c.test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))
-		h, err := startHost(ctx, s.bin, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := h.wait(ctx)
-		if err != nil {
-			fail("gowarp perftest: %v\n%s", err, out)
-		}
-		rc, gout, err := job.wait(ctx)
-		if err != nil || rc != 0 {
-			fail("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, gout)
-		}
+		out, gout := s.hostClientGuestServer(ctx, t, c, fail)
 		mine, theirs := latLine.FindStringSubmatch(out), latLine.FindStringSubmatch(gout)
 		if mine == nil || (theirs == nil && c.test != "read_lat") {
 			fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
@@ -130,13 +120,7 @@ func (s *suite) perftestLatClient(t *testing.T, c perfCase) {
 // perftestServer: gowarp perftest as the server, ib_* -R in the guest as
 // its client, for every test.
 func (s *suite) perftestServer(t *testing.T, c perfCase) {
-	ctx := ctxFor(t, 4*time.Minute)
-	c = c.sized()
-	var detail string
-	defer func() { s.sum.add(t, t.Name(), detail) }()
-	// gowarp Sends to siw in send_lat only (the send_bw server Writes
-	// credits).
-	detail = s.withRetry(ctx, t, c.test == "send_lat", func() (detail string, problems []string) {
+	s.retriedRun(t, c, func(ctx context.Context, c perfCase) (detail string, problems []string) {
 		fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
 		args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve),
 			"-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)

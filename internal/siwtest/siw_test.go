@@ -412,10 +412,10 @@ func (s *suite) siwMOMiscounts(ctx context.Context) int {
 	return n
 }
 
-// perftestOnce runs one perftest scenario and returns its detail line and
-// what went wrong, if anything.
-func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (detail string, problems []string) {
-	fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+// hostClientGuestServer runs ib_<test> -R in the guest as the server and
+// gowarp perftest on the host as its client, and returns what each
+// printed; a failure of either goes to fail.
+func (s *suite) hostClientGuestServer(ctx context.Context, t *testing.T, c perfCase, fail func(format string, a ...any)) (string, string) {
 	job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d", c.test, guestPerftestPort, c.iters, c.size), 3*time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -434,6 +434,14 @@ func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (det
 	if err != nil || rc != 0 {
 		fail("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, gout)
 	}
+	return out, gout
+}
+
+// perftestOnce runs one perftest scenario and returns its detail line and
+// what went wrong, if anything.
+func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (detail string, problems []string) {
+	fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+	out, gout := s.hostClientGuestServer(ctx, t, c, fail)
 	mine, theirs := reportLine.FindStringSubmatch(out), reportLine.FindStringSubmatch(gout)
 	if mine == nil || theirs == nil {
 		fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
