@@ -7,21 +7,29 @@ import (
 	"testing"
 )
 
+// startBoth starts the rpc and the gRPC-go server and client with c, both
+// closed when b ends.
+func startBoth(b *testing.B, c Config) (*gowarpSide, *grpcSide) {
+	b.Helper()
+	g, err := startGowarp(context.Background(), c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(g.close)
+	gr, err := startGRPC(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(gr.close)
+	return g, gr
+}
+
 // BenchmarkSmall is 64-byte calls with 64-byte replies at concurrency
 // 1, 16 and 64 (GOMAXPROCS×parallelism callers), rpc and gRPC-go side
 // by side.
 func BenchmarkSmall(b *testing.B) {
 	c := Config{Small: 64, Large: 1 << 20, Touch: []int{1}, LargeConc: 1}
-	g, err := startGowarp(context.Background(), c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer g.close()
-	gr, err := startGRPC(c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer gr.close()
+	g, gr := startBoth(b, c)
 	arg := make([]byte, c.Small)
 	for _, conc := range []int{1, 16, 64} {
 		for _, sys := range []struct {
@@ -41,16 +49,7 @@ func BenchmarkSmall(b *testing.B) {
 // reads 1, 10 or 100 %: by reference with rpc, by value with gRPC-go.
 func BenchmarkLarge(b *testing.B) {
 	c := Config{Small: 64, Large: 1 << 20, Touch: []int{1, 10, 100}, LargeConc: 1}
-	g, err := startGowarp(context.Background(), c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer g.close()
-	gr, err := startGRPC(c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer gr.close()
+	g, gr := startBoth(b, c)
 	for _, t := range c.Touch {
 		b.Run(fmt.Sprintf("grpc-go/touch=%d%%", t), func(b *testing.B) { parallel(b, 1, gr.large(t)) })
 		b.Run(fmt.Sprintf("gowarp-rpc/touch=%d%%", t), func(b *testing.B) {
