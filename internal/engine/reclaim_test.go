@@ -10,9 +10,9 @@ import (
 	"github.com/gowarp/gowarp/internal/mem"
 )
 
-// tcpQP starts a queue pair over a loopback TCP connection whose other end
-// is returned raw, for a peer that reads only when told to.
-func tcpQP(t *testing.T, mode CompletionMode) (*QP, *CQ, *mem.Table, net.Conn) {
+// tcpConns returns the two ends of a loopback TCP connection: the dialed
+// one and the accepted one.
+func tcpConns(t *testing.T) (net.Conn, net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -27,6 +27,14 @@ func tcpQP(t *testing.T, mode CompletionMode) (*QP, *CQ, *mem.Table, net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, raw
+}
+
+// tcpQP starts a queue pair over a loopback TCP connection whose other end
+// is returned raw, for a peer that reads only when told to.
+func tcpQP(t *testing.T, mode CompletionMode) (*QP, *CQ, *mem.Table, net.Conn) {
+	t.Helper()
+	c, raw := tcpConns(t)
 	t.Cleanup(func() { raw.Close() })
 	table := mem.NewTable()
 	cq := NewCQ(64)
@@ -44,19 +52,8 @@ func tcpQP(t *testing.T, mode CompletionMode) (*QP, *CQ, *mem.Table, net.Conn) {
 // tcpRig connects two queue pairs over loopback TCP, each with its own CQ.
 func tcpRig(t *testing.T) *rig {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ca, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, cb := tcpConns(t)
+	var err error
 	r := &rig{table: mem.NewTable(), acq: NewCQ(64), bcq: NewCQ(64)}
 	if r.a, err = NewQP(Config{SendDepth: 64, RecvDepth: 64, SendCQ: r.acq, RecvCQ: r.acq, PD: 1, Table: r.table}); err != nil {
 		t.Fatal(err)
