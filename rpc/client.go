@@ -32,7 +32,8 @@ type Client struct {
 	seq    atomic.Uint64
 	cancel atomic.Int32 // cancel messages the server has room for
 
-	heap heap
+	heap  heap
+	sends combiner
 
 	// lead is held by the one caller that polls the completion queue for
 	// everyone: a waiting caller receives its own reply on its own
@@ -200,11 +201,9 @@ func (c *Client) Do(ctx context.Context, cl *Call) error {
 	s.sge[0] = gowarp.SGE{MR: c.sendMR, Offset: int(i) * c.maxMsg, Length: len(m)}
 	s.wr.ID = s.id
 	s.state.Store(slotWaiting)
-	if err := c.qp.PostSend(&s.wr); err != nil {
-		s.state.Store(slotIdle)
-		c.revoke(s)
-		c.free <- i
-		return fmt.Errorf("rpc: %s: %w: %w", cl.Method, ErrSessionClosed, err)
+	if err := c.sends.post(c.qp, s.wr); err != nil {
+		// Calls of other callers may have been in the batch: all fail.
+		c.fail(err)
 	}
 wait:
 	for {
@@ -218,6 +217,15 @@ wait:
 				<-s.done
 				break wait
 			}
+		case <-c.closed:
+			// The session ended; fail may have passed this slot by before
+			// it was posted.
+			if s.state.CompareAndSwap(slotWaiting, slotDone) {
+				s.err = c.closedErr()
+			} else {
+				<-s.done
+			}
+			break wait
 		case <-ctx.Done():
 			if s.state.CompareAndSwap(slotWaiting, slotAbandoned) {
 				if c.abandoned.Add(1) == 1 {

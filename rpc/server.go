@@ -153,6 +153,7 @@ type session struct {
 	sendMR  *gowarp.MR
 	recvs   []gowarp.RecvWR
 	calls   []ServerCall  // one per client slot
+	sends   combiner      // replies
 	credits atomic.Uint32 // receive buffers reposted for cancels, not yet told
 
 	ctx    context.Context
@@ -372,7 +373,7 @@ func (x *session) poll(spare bool) {
 			}
 		}
 		if len(x.batch) > 0 {
-			_, err := x.qp.PostSendList(x.batch)
+			err := x.sends.post(x.qp, x.batch...)
 			clear(x.batch)
 			x.batch = x.batch[:0]
 			if err != nil {
@@ -682,7 +683,7 @@ func (c *ServerCall) finish(err error, status uint8, onPoll bool) {
 		x.batch = append(x.batch, c.wr)
 		return
 	}
-	if err := x.qp.PostSend(&c.wr); err != nil {
+	if err := x.sends.post(x.qp, c.wr); err != nil {
 		x.close(err)
 	}
 }
