@@ -241,6 +241,7 @@ type QP struct {
 	peerData []byte
 
 	done    chan struct{}
+	failed  chan struct{} // closed when the queue pair enters the error state
 	wg      sync.WaitGroup
 	closing sync.Once
 }
@@ -266,6 +267,7 @@ func NewQP(cfg Config) (*QP, error) {
 		rxTick: make(chan struct{}, 1),
 		rxHand: make(chan struct{}, 1),
 		done:   make(chan struct{}),
+		failed: make(chan struct{}),
 	}
 	cfg.SendCQ.attach(q)
 	if cfg.RecvCQ != cfg.SendCQ {
@@ -772,6 +774,7 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 	}
 	wasReady := q.link != nil
 	q.state.Store(int32(StateError))
+	close(q.failed) // once: the state check above runs under q.mu
 	q.drainedLocked()
 	if q.err == nil {
 		q.err = cause

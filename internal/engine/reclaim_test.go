@@ -208,3 +208,33 @@ func TestDisconnectWaitsForEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressWakesOnFailure: a goroutine in Progress waiting for the
+// receive goroutine to hand over the path returns the queue pair's error
+// when that goroutine fails instead (the peer closed). It waited for its
+// context before: forever in gowarp perf's write_lat server, whose context
+// has no deadline (seen once in 20 runs of TestDataArrives under load).
+func TestProgressWakesOnFailure(t *testing.T) {
+	reached, proceed := make(chan struct{}), make(chan struct{})
+	testHookRxFail = func() {
+		close(reached)
+		<-proceed
+	}
+	t.Cleanup(func() { testHookRxFail = nil })
+	q, _, _, raw := tcpQP(t, Handed)
+	raw.Close()
+	<-reached // the receive goroutine read the EOF and holds the path
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- q.Progress(ctx) }()
+	// Let Progress find the path held and wait for it (a Progress that
+	// is not there yet when the goroutine fails returns the error anyway).
+	time.Sleep(50 * time.Millisecond)
+	close(proceed)
+	err := <-errc
+	if !errors.Is(err, ErrPeerClosed) {
+		t.Fatalf("Progress returned %v, want ErrPeerClosed (a context error means it missed the failure)", err)
+	}
+}

@@ -114,6 +114,9 @@ func (q *QP) rxLoop() {
 		if q.rxMu.TryLock() {
 			err := q.rx.background()
 			if !errors.Is(err, errRxYield) {
+				if testHookRxFail != nil {
+					testHookRxFail()
+				}
 				// Still holding the path: an inline receiver must not read
 				// past the bad FPDU, nor over the header the Terminate echoes.
 				q.rxFailed(err)
@@ -137,6 +140,10 @@ func (q *QP) rxLoop() {
 		}
 	}
 }
+
+// testHookRxFail, when set by a test before a queue pair starts, runs in
+// the receive goroutine between a failed read and its handling.
+var testHookRxFail func()
 
 // errRxYield reports the read-deadline doorbell at an FPDU boundary: the
 // receive goroutine is asked to yield, or an inline receiver to look up.
@@ -289,6 +296,7 @@ func (q *QP) Progress(ctx context.Context) error {
 		}
 		select {
 		case <-q.rxFree:
+		case <-q.failed: // the receive goroutine failed instead of yielding
 		case <-q.rxTick:
 			return nil
 		case <-ctx.Done():
