@@ -73,39 +73,73 @@ func (o *ConnectOptions) cm() cm.Options {
 
 // Connect connects an idle queue pair to a listening peer at addr
 // (host:port): TCP, then MPA, then the QP is ready.
+// A Close while it is under way makes it fail with ErrClosed.
 func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
-	if !q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting)) {
-		return fmt.Errorf("%w: Connect on a queue pair in state %s", ErrBadState, q.State())
+	ctx, cancel, err := q.connecting(ctx, "Connect")
+	if err != nil {
+		return err
 	}
+	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		q.Close()
-		return fmt.Errorf("gowarp: connect %s: %w", addr, err)
+		return q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
 	}
 	SetNoDelay(c)
 	r, err := cm.Initiate(ctx, c, o.cm())
 	if err != nil {
 		c.Close()
 		q.Close()
-		return fmt.Errorf("gowarp: connect %s: %w", addr, err)
+		return q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
 	}
 	return q.begin(c, r, &o, true)
 }
 
 // Accept accepts a connection request read by a listener on this idle
-// queue pair, sending the MPA reply.
+// queue pair, sending the MPA reply. A Close while it is under way makes
+// it fail with ErrClosed and closes c. On a queue pair that is not idle it
+// fails at once and leaves c open: the request may still be answered.
 func (q *QP) Accept(ctx context.Context, c net.Conn, req *cm.Request, o ConnectOptions) error {
-	if !q.state.CompareAndSwap(int32(StateIdle), int32(StateConnecting)) {
-		return fmt.Errorf("%w: Accept on a queue pair in state %s", ErrBadState, q.State())
+	ctx, cancel, err := q.connecting(ctx, "Accept")
+	if err != nil {
+		return err
 	}
+	defer cancel()
 	r, err := req.Accept(ctx, o.cm())
 	if err != nil {
 		c.Close()
 		q.Close()
-		return err
+		return q.closedErr(err)
 	}
 	return q.begin(c, r, &o, false)
+}
+
+// connecting moves an idle queue pair to connecting and returns ctx with
+// a cancel that a Close calls too: it stops the dial and the MPA exchange
+// (cm sets a past deadline on the socket when ctx is done).
+func (q *QP) connecting(ctx context.Context, call string) (context.Context, context.CancelFunc, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if s := q.State(); s != StateIdle {
+		if q.err != nil {
+			return nil, nil, fmt.Errorf("%w: %s on a queue pair in state %s: %w", ErrBadState, call, s, q.err)
+		}
+		return nil, nil, fmt.Errorf("%w: %s on a queue pair in state %s", ErrBadState, call, s)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	q.abort = cancel
+	q.state.Store(int32(StateConnecting))
+	return ctx, cancel, nil
+}
+
+// closedErr returns err, saying why if the queue pair was closed or failed
+// meanwhile: the cause (ErrClosed after a Close) is what callers match.
+func (q *QP) closedErr(err error) error {
+	if cause := q.Err(); cause != nil && cause != err {
+		return fmt.Errorf("%w (%w)", cause, err)
+	}
+	return err
 }
 
 func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions, initiator bool) error {

@@ -239,6 +239,8 @@ type QP struct {
 	dcLooks  atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
 
 	peerData []byte
+	// abort, under mu, cancels a Connect or Accept under way.
+	abort context.CancelFunc
 
 	done    chan struct{}
 	failed  chan struct{} // closed when the queue pair enters the error state
@@ -311,7 +313,11 @@ func (q *QP) Start(link Link, p Params) error {
 	q.mu.Lock()
 	s := q.State()
 	if s != StateIdle && s != StateConnecting {
+		err := q.err
 		q.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("%w: cannot start a queue pair in state %s: %w", ErrBadState, s, err)
+		}
 		return fmt.Errorf("%w: cannot start a queue pair in state %s", ErrBadState, s)
 	}
 	p.IRD = min(max(p.IRD, 0), 128)
@@ -325,13 +331,18 @@ func (q *QP) Start(link Link, p Params) error {
 	if !p.HoldTx {
 		q.peerUp.Store(true)
 	}
+	q.abort = nil
 	q.state.Store(int32(StateReady))
-	q.mu.Unlock()
+	// Under mu: a Close (whose fail takes mu) either finds the queue pair
+	// idle and Start refusing, or waits for these goroutines.
 	q.wg.Add(2)
+	if p.Nudge > 0 {
+		q.wg.Add(1)
+	}
+	q.mu.Unlock()
 	go q.rxLoop()
 	go q.txLoop()
 	if p.Nudge > 0 {
-		q.wg.Add(1)
 		go q.nudgeLoop(p.Nudge)
 	}
 	if p.SendRTR != 0 {
@@ -731,7 +742,7 @@ func (q *QP) drainedLocked() {
 func (q *QP) Close() error {
 	q.fail(ErrClosed)
 	q.mu.Lock()
-	term := q.termDone
+	term, link := q.termDone, q.link
 	q.mu.Unlock()
 	if term != nil {
 		<-term
@@ -743,8 +754,8 @@ func (q *QP) Close() error {
 			q.cfg.RecvCQ.detach(q)
 		}
 	})
-	if q.link != nil {
-		q.link.Close()
+	if link != nil {
+		link.Close()
 	}
 	q.wg.Wait()
 	q.mu.Lock()
@@ -773,6 +784,12 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 		return
 	}
 	wasReady := q.link != nil
+	if q.abort != nil {
+		// Connecting: the Connect or Accept under way fails and closes
+		// its socket.
+		q.abort()
+		q.abort = nil
+	}
 	q.state.Store(int32(StateError))
 	close(q.failed) // once: the state check above runs under q.mu
 	q.drainedLocked()
