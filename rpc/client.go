@@ -201,7 +201,7 @@ func (c *Client) Do(ctx context.Context, cl *Call) error {
 	s.sge[0] = gowarp.SGE{MR: c.sendMR, Offset: int(i) * c.maxMsg, Length: len(m)}
 	s.wr.ID = s.id
 	s.state.Store(slotWaiting)
-	if err := c.sends.post(c.qp, s.wr); err != nil {
+	if err := c.sends.post(c.qp, len(c.free) < len(c.slots)-1, s.wr); err != nil {
 		// Calls of other callers may have been in the batch: all fail.
 		c.fail(err)
 	}

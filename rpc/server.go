@@ -155,6 +155,7 @@ type session struct {
 	calls   []ServerCall  // one per client slot
 	sends   combiner      // replies
 	credits atomic.Uint32 // receive buffers reposted for cancels, not yet told
+	active  atomic.Int32  // calls begun whose replies are not posted yet (by goroutines)
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -373,7 +374,7 @@ func (x *session) poll(spare bool) {
 			}
 		}
 		if len(x.batch) > 0 {
-			err := x.sends.post(x.qp, x.batch...)
+			err := x.sends.post(x.qp, false, x.batch...)
 			clear(x.batch)
 			x.batch = x.batch[:0]
 			if err != nil {
@@ -492,6 +493,7 @@ func (x *session) onMessage(k, n int) error {
 		c.run(true, 0)
 		return nil
 	}
+	x.active.Add(1)
 	if o := x.next; o != nil { // only the batch's last runs on the poller
 		x.wg.Add(1)
 		go func() {
@@ -683,7 +685,7 @@ func (c *ServerCall) finish(err error, status uint8, onPoll bool) {
 		x.batch = append(x.batch, c.wr)
 		return
 	}
-	if err := x.sends.post(x.qp, c.wr); err != nil {
+	if err := x.sends.post(x.qp, x.active.Add(-1) > 0, c.wr); err != nil {
 		x.close(err)
 	}
 }
