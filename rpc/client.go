@@ -319,7 +319,10 @@ func (c *Client) sendCancel(s *clientSlot) {
 	appendCancel(s.cancel[:0], s.id)
 	i := int(s.id & 0xffff)
 	wr := gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: c.sendMR, Offset: len(c.slots)*c.maxMsg + i*cancelLen, Length: cancelLen}}}
-	_ = c.qp.PostSend(&wr) // a session that is gone needs no cancel
+	// Through the combiner, behind the call: the call may still wait there
+	// for a poster that yielded, and a cancel that overtook it would find
+	// nothing to cancel.
+	_ = c.sends.post(c.qp, false, wr) // a session that is gone needs no cancel
 }
 
 // reap polls while calls that were given up on still wait for their
