@@ -192,6 +192,9 @@ func readTerminate(p *rawPeer) (wire.Terminate, error) {
 // TestCloseBoundedForSilentPeer: a peer that stops reading cannot hold up
 // Close while a Terminate waits behind Read Responses the socket cannot
 // take: Close gives the Terminate up after its deadline and returns.
+// It is a hang guard for Close's wait on a pending Terminate, not a
+// regression test: before that wait existed Close never waited, so this
+// test passed then too.
 func TestCloseBoundedForSilentPeer(t *testing.T) {
 	t.Parallel() // most of it is the Terminate's deadline
 	s := newServer(t, gowarp.ConnectOptions{IRD: 1})
