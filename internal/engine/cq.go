@@ -7,8 +7,9 @@ import (
 	"sync"
 )
 
-// ErrCQOverrun means completions were lost because the queue was full; the
-// queue pairs that overran it are in error.
+// ErrCQOverrun means completions were lost because the queue was full. The
+// queue pairs whose completions were lost report it from Err but stay
+// ready: only the completions are gone, not the connection.
 var ErrCQOverrun = errors.New("gowarp: completion queue overrun")
 
 // CQ is a completion queue, shared by any number of queue pairs.

@@ -281,7 +281,8 @@ func NewQP(cfg Config) (*QP, error) {
 // State returns the queue pair's state.
 func (q *QP) State() State { return State(q.state.Load()) }
 
-// Err returns why the queue pair left the ready state, or nil.
+// Err returns why the queue pair left the ready state, or ErrCQOverrun if
+// it lost a completion to a full queue (it stays ready then), or nil.
 func (q *QP) Err() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -684,6 +685,8 @@ func (q *QP) retireLocked(fromRx bool) {
 	}
 }
 
+// overrunLocked records a completion lost to a full queue. The queue pair
+// stays ready: the connection is intact, only the completion is gone.
 func (q *QP) overrunLocked() {
 	if q.err == nil {
 		q.err = ErrCQOverrun
