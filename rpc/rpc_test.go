@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -404,5 +405,58 @@ func TestServerClosedMidCall(t *testing.T) {
 	}
 	if _, err := cl.Call(context.Background(), "echo", nil, nil); !errors.Is(err, ErrSessionClosed) {
 		t.Fatalf("call after: %v", err)
+	}
+}
+
+// TestCancelBehindQueuedCall cancels a call while it still waits in the
+// combiner behind another poster, the race TestCancel catches only
+// sometimes: a cancel that overtook its call reached the server before
+// the call, the handler never heard of it and the slot never came back.
+func TestCancelBehindQueuedCall(t *testing.T) {
+	_, cl, _ := pair(t, Options{})
+	release := make(chan struct{})
+	unhold := sync.OnceFunc(func() { close(release) })
+	defer unhold() // a failing test lets the held poster go
+	var held atomic.Bool
+	cl.sends.mu.Lock()
+	cl.sends.postList = func(wrs []gowarp.SendWR) (int, error) {
+		if held.CompareAndSwap(false, true) {
+			<-release // the first poster stays in its system call
+		}
+		return cl.qp.PostSendList(wrs)
+	}
+	cl.sends.mu.Unlock()
+	queued := func() int {
+		cl.sends.mu.Lock()
+		defer cl.sends.mu.Unlock()
+		return len(cl.sends.q)
+	}
+	ctxA, cancelA := context.WithCancel(context.Background())
+	errA := make(chan error, 1)
+	go func() { _, err := cl.Call(ctxA, "wait", nil, nil); errA <- err }()
+	for !held.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	ctxB, cancelB := context.WithCancel(context.Background())
+	errB := make(chan error, 1)
+	go func() { _, err := cl.Call(ctxB, "wait", nil, nil); errB <- err }()
+	for queued() == 0 { // B's call waits behind A's poster
+		time.Sleep(time.Millisecond)
+	}
+	cancelB()
+	if err := <-errB; !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled call B: %v", err)
+	}
+	if n := queued(); n != 2 {
+		t.Fatalf("%d work requests queued, want B's call and its cancel", n)
+	}
+	unhold()
+	cancelA()
+	if err := <-errA; !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled call A: %v", err)
+	}
+	// Both handlers hear of their cancels and reply, so the slots come back.
+	for cl.freeSlots() < defaultSlots {
+		time.Sleep(time.Millisecond)
 	}
 }
