@@ -43,6 +43,11 @@ type shape struct {
 	nsge   int
 	length int
 	tmpl   headerTmpl
+	// A Prepared's, under q.mu: its posted copies not yet retired, and
+	// whether it was released. Its one pin on the regions lasts until
+	// both say it may go, so a post costs no atomic per region.
+	copies   int
+	released bool
 }
 
 // fingerprint hashes the fields of a work request that make its shape.
@@ -169,9 +174,8 @@ var ErrReleased = errors.New("gowarp: prepared work request released")
 // posted many times with Post. Its regions cannot be deregistered until
 // Release.
 type Prepared struct {
-	q        *QP
-	s        shape
-	released bool
+	q *QP
+	s shape
 }
 
 // Prepare checks wr and keeps it ready to post. wr.ID and the Signaled
@@ -203,7 +207,7 @@ func (p *Prepared) Post(id uint64, signaled bool) error {
 func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 	q := p.q
 	q.mu.Lock()
-	if p.released {
+	if p.s.released {
 		q.mu.Unlock()
 		return 0, ErrReleased
 	}
@@ -221,13 +225,9 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 			return i, err
 		}
 		e.pre = &p.s
-		// Each copy pins the regions until it retires, so Deregister
-		// refuses while it is outstanding, even after Release. The
-		// Prepared's own pin (held: released is false under q.mu) keeps
-		// them from being deregistered meanwhile.
-		for j := range p.s.nsge {
-			p.s.sges[j].MR.Acquire()
-		}
+		// The Prepared's pin stays until this copy retires, even after
+		// Release, so Deregister refuses while it is outstanding.
+		p.s.copies++
 		e.wr.ID, e.wr.Op, e.wr.Flags = id+uint64(i), p.s.wr.Op, p.s.wr.Flags
 		if signaled && i == n-1 {
 			e.wr.Flags |= Signaled
@@ -248,11 +248,14 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 func (p *Prepared) Release() {
 	p.q.mu.Lock()
 	defer p.q.mu.Unlock()
-	if p.released {
+	if p.s.released {
 		return
 	}
-	p.released = true
-	unpinSGEs(p.s.sges[:p.s.nsge])
+	p.s.released = true
+	if p.s.copies == 0 {
+		unpinSGEs(p.s.sges[:p.s.nsge])
+	} // else the last copy to retire unpins them
+
 }
 
 // putTmpl writes a work request's header template into b for one FPDU,

@@ -122,7 +122,7 @@ type sqEntry struct {
 	wr     SendWR // wr.SGL is nil: the SGEs are in sges, or in pre
 	sges   [MaxSGE]SGE
 	nsge   int
-	pre    *shape     // a Prepared's shape, whose SGEs it pins
+	pre    *shape     // a Prepared's shape, whose pin it keeps (shape.copies)
 	tmpl   headerTmpl // the encoded header of the first FPDU
 	length int
 	endOff uint64 // stream offset past the last byte, once framed
@@ -672,7 +672,9 @@ func (q *QP) retireLocked(fromRx bool) {
 			e.sges[i] = SGE{}
 		}
 		if e.pre != nil {
-			unpinSGEs(e.pre.sges[:e.pre.nsge]) // PostN pinned them for this copy
+			if e.pre.copies--; e.pre.copies == 0 && e.pre.released {
+				unpinSGEs(e.pre.sges[:e.pre.nsge]) // the Prepared's pin, kept for this copy
+			}
 		}
 		if e.wr.Flags&Signaled != 0 || e.status != Success {
 			c := Completion{ID: e.wr.ID, QP: q, Op: compOp(e.wr.Op), Status: e.status, Bytes: e.length}
