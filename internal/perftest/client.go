@@ -185,11 +185,7 @@ func Run(ctx context.Context, dev *gowarp.Device, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer s.c.close()
-	co := o.Connect
-	// perftest asks rdma_cm for no Reads on the control connection: MPA
-	// IRD/ORD 0/0 (wire/testdata/siw/perftest-*.pcap).
-	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
-	if err := s.c.qp.Connect(ctx, o.Addr, co); err != nil {
+	if err := s.c.qp.Connect(ctx, o.Addr, controlOptions(&o)); err != nil {
 		return nil, fmt.Errorf("perftest: control connection: %w", err)
 	}
 	s.logf("control connection up; settling %v", o.Settle)
@@ -211,13 +207,10 @@ func Run(ctx context.Context, dev *gowarp.Device, o Options) (*Result, error) {
 	// write_lat has no closing handshake: its client closes as soon as
 	// its last Write has completed.
 	s.logf("closing")
-	for deadline := time.Now().Add(3 * time.Second); o.Test != WriteLat && s.c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
+	if o.Test != WriteLat {
+		s.waitPeerClose(3 * time.Second)
 	}
-	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	s.d.qp.Disconnect(dctx)
-	s.c.qp.Disconnect(dctx)
+	s.disconnect()
 	return s.r, nil
 }
 
@@ -239,11 +232,7 @@ func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, o Optio
 	if err != nil {
 		return nil, fmt.Errorf("perftest: waiting for a client: %w", err)
 	}
-	co := o.Connect
-	// perftest asks rdma_cm for no Reads on the control connection: MPA
-	// IRD/ORD 0/0 (wire/testdata/siw/perftest-*.pcap).
-	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
-	if err := req.Accept(ctx, s.c.qp, co); err != nil {
+	if err := req.Accept(ctx, s.c.qp, controlOptions(&o)); err != nil {
 		return nil, fmt.Errorf("perftest: control connection: %w", err)
 	}
 	s.logf("client %v connected", req.RemoteAddr())
@@ -257,16 +246,36 @@ func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, o Optio
 	// Write: give the client a moment to see its own last completion
 	// before the close flushes it.
 	if o.Test == WriteLat {
-		for deadline := time.Now().Add(2 * time.Second); s.c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-		}
+		s.waitPeerClose(2 * time.Second)
 	}
 	s.logf("closing")
+	s.disconnect()
+	return s.r, nil
+}
+
+// controlOptions are o.Connect for the control connection: perftest asks
+// rdma_cm for no Reads on it, MPA IRD/ORD 0/0
+// (wire/testdata/siw/perftest-*.pcap).
+func controlOptions(o *Options) gowarp.ConnectOptions {
+	co := o.Connect
+	co.IRD, co.ORD = gowarp.NoReads, gowarp.NoReads
+	return co
+}
+
+// waitPeerClose gives the peer up to d to close the control connection
+// first.
+func (s *session) waitPeerClose(d time.Duration) {
+	for deadline := time.Now().Add(d); s.c.qp.State() == gowarp.StateReady && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// disconnect closes both connections gracefully, data first.
+func (s *session) disconnect() {
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	s.d.qp.Disconnect(dctx)
 	s.c.qp.Disconnect(dctx)
-	return s.r, nil
 }
 
 // credits returns the count the server last wrote into the credit
