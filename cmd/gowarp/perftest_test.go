@@ -41,7 +41,7 @@ func TestPerftestBothWays(t *testing.T) {
 			var ccode int
 			for try := 0; try < 50; try++ { // until the server listens
 				cout, cerr = lockedBuf{}, lockedBuf{}
-				ccode = dispatch(ctx, []string{"perftest", "-settle", "0", "-json", "-n", "50", "-s", size, c.test, "127.0.0.1:" + port}, &cout, &cerr)
+				ccode = dispatch(ctx, []string{"perftest", "-json", "-n", "50", "-s", size, c.test, "127.0.0.1:" + port}, &cout, &cerr)
 				if ccode == 0 || !strings.Contains(cerr.String(), "refused") {
 					break
 				}
