@@ -284,8 +284,9 @@ func (c *callCtx) Done() <-chan struct{} {
 }
 
 // Err returns context.Canceled or context.DeadlineExceeded once the call
-// ended; the cause (the caller canceled, the session closed) is
-// context.Cause's.
+// ended. The cause (the caller canceled, the session closed) stays in
+// c.err: context.Cause knows only the standard library's contexts and
+// returns Err for this one.
 func (c *callCtx) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
