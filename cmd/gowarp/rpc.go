@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -36,7 +37,7 @@ func runRPC(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	conc := fs.String("c", "1,16,64", "concurrencies of small calls")
 	small := fs.Int("small", 64, "small argument and result size in bytes")
 	large := fs.Int("large", 1<<20, "large argument size in bytes")
-	touch := fs.String("touch", "1,10,100", "percents of the large argument the server reads")
+	touch := fs.String("touch", "1,10,100", "percents (1-100) of the large argument the server reads")
 	largeConc := fs.Int("large-c", 1, "concurrency of large calls")
 	rounds := fs.Int("rounds", 1, "repeat every case `N` times, systems taking turns, and report medians")
 	asJSON := fs.Bool("json", false, "print one JSON object per result")
@@ -56,7 +57,7 @@ func runRPC(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cs, err1 := ints(*conc)
 	ts, err2 := ints(*touch)
-	if err1 != nil || err2 != nil || *small < 1 || *large < 1 || *largeConc < 1 || *rounds < 1 {
+	if err1 != nil || err2 != nil || slices.Max(ts) > 100 || *small < 1 || *large < 1 || *largeConc < 1 || *rounds < 1 {
 		fmt.Fprintln(stderr, "gowarp rpc bench: bad flags")
 		return exitUsage
 	}

@@ -36,3 +36,12 @@ func TestRPCBench(t *testing.T) {
 		}
 	}
 }
+
+// TestRPCBenchBadTouch: a percent above 100 is a usage error (it
+// sliced the argument beyond its end and panicked).
+func TestRPCBenchBadTouch(t *testing.T) {
+	code, _, errs := runCmd(t, context.Background(), "rpc", "bench", "-duration", "50ms", "-c", "1", "-touch", "200", "-large", "65536")
+	if code != exitUsage || !strings.Contains(errs, "bad flags") {
+		t.Fatalf("-touch 200: exit %d, stderr:\n%s", code, errs)
+	}
+}
