@@ -54,6 +54,7 @@ type Client struct {
 const (
 	slotIdle      = iota
 	slotWaiting   // posted, the caller waits
+	slotGivingUp  // the caller gives up: it cancels and revokes, the slot still its own
 	slotAbandoned // the caller gave up; the poller frees the slot on the reply
 	slotDone      // the poller delivered the reply
 )
@@ -227,13 +228,22 @@ wait:
 			}
 			break wait
 		case <-ctx.Done():
-			if s.state.CompareAndSwap(slotWaiting, slotAbandoned) {
-				if c.abandoned.Add(1) == 1 {
-					go c.reap()
-				}
+			if s.state.CompareAndSwap(slotWaiting, slotGivingUp) {
+				// The slot stays this caller's until its cancel has the
+				// call's id and its windows are gone: a reply freeing it
+				// sooner let the slot's next call be canceled and its
+				// windows deregistered.
 				c.sendCancel(s)
 				c.revoke(s)
-				return fmt.Errorf("rpc: %s: %w", cl.Method, ctx.Err())
+				if s.state.CompareAndSwap(slotGivingUp, slotAbandoned) {
+					if c.abandoned.Add(1) == 1 {
+						go c.reap()
+					}
+					return fmt.Errorf("rpc: %s: %w", cl.Method, ctx.Err())
+				}
+				<-s.done // the reply came meanwhile; the slot is freed below
+				s.err = fmt.Errorf("rpc: %s: %w", cl.Method, ctx.Err())
+				break wait
 			}
 			<-s.done // the reply is being delivered
 			break wait
@@ -424,6 +434,8 @@ func (c *Client) onReply(k, n int) error {
 			s.err = &Error{Method: s.method, Status: r.Status, Msg: string(r.Payload)}
 		}
 		deliver = true
+	case s.state.CompareAndSwap(slotGivingUp, slotDone):
+		deliver = true // the caller that gives up frees the slot
 	case s.state.CompareAndSwap(slotAbandoned, slotIdle):
 		s.reply = nil
 		c.abandoned.Add(-1)

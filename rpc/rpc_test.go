@@ -460,3 +460,38 @@ func TestCancelBehindQueuedCall(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestGiveUpAsReplyComes: callers whose deadlines pass as the server's
+// handlers time out give up just as their replies come. A reply freed
+// the slot before the caller that gave up had sent its cancel and
+// revoked its windows, so it canceled the slot's next call and
+// deregistered that call's windows (-race saw revoke against the next
+// caller's lend). Every call must end by its own deadline.
+func TestGiveUpAsReplyComes(t *testing.T) {
+	_, cl, _ := pair(t, Options{Slots: 4})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(200+i%7*50)*time.Microsecond)
+				_, err := cl.Call(ctx, "wait", nil, nil)
+				cancel()
+				if !errors.Is(err, context.DeadlineExceeded) {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("call with a deadline: %v", err)
+	}
+	for cl.freeSlots() < 4 {
+		time.Sleep(time.Millisecond)
+	}
+}
