@@ -92,8 +92,19 @@ func (s *suite) rdmaClientServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond) // let it listen
-	script := fmt.Sprintf(`for i in $(seq %d); do rdma_client -s %s -p %d || { echo "rdma_client $i failed: $?"; exit 1; }; done`,
-		rdmaSessions, hostFromGuest, guestServePort)
+	// rdma_connect in the guest now and then fails at once with
+	// EADDRNOTAVAIL (seen in 1 of about 8 suite runs, at session 5): the
+	// local port rdma_cm picked could not be bound for siw's TCP
+	// connection, so nothing reached gowarp. That session runs once more,
+	// and the report says so; any other failure, or that one twice, fails.
+	script := fmt.Sprintf(`c() { rdma_client -s %s -p %d 2>&1; }
+for i in $(seq %d); do
+  out=$(c); rc=$?; echo "$out"
+  if [ $rc -ne 0 ] && echo "$out" | grep -q "rdma_connect: Cannot assign requested address"; then
+    echo "rdma_client $i: local bind refused (EADDRNOTAVAIL), once more"; out=$(c); rc=$?; echo "$out"
+  fi
+  [ $rc -eq 0 ] || { echo "rdma_client $i failed: $rc"; exit 1; }
+done`, hostFromGuest, guestServePort, rdmaSessions)
 	rc, gout, err := s.v.run(ctx, script, 5*time.Minute)
 	if err != nil || rc != 0 {
 		t.Errorf("guest rdma_client loop: rc %d, %v\n%s", rc, err, tail([]byte(gout), 2000))
@@ -108,4 +119,7 @@ func (s *suite) rdmaClientServer(t *testing.T) {
 		t.Errorf("%d rdma_client runs ended well and gowarp's server answered %d, want %d each:\n%s\n%s", ends, served, rdmaSessions, tail([]byte(gout), 1500), tail([]byte(out), 1500))
 	}
 	detail = fmt.Sprintf("%d of %d rdma_client sessions answered by examples/sendrecv server", served, rdmaSessions)
+	if n := strings.Count(gout, "once more"); n > 0 {
+		detail += fmt.Sprintf(" (%d run again after the guest's rdma_connect could not bind its port)", n)
+	}
 }
