@@ -20,6 +20,9 @@ type combiner struct {
 	failed error
 	// postList stands in for the queue pair's PostSendList in tests.
 	postList func([]gowarp.SendWR) (int, error)
+	// posted, if set, is told of each list once the queue pair has taken
+	// it, by whichever goroutine posted it.
+	posted func([]gowarp.SendWR)
 }
 
 // post queues wrs and posts everything queued unless another goroutine is
@@ -57,6 +60,9 @@ func (b *combiner) post(qp *gowarp.QP, others bool, wrs ...gowarp.SendWR) error 
 			_, err = b.postList(batch)
 		} else {
 			_, err = qp.PostSendList(batch)
+		}
+		if err == nil && b.posted != nil {
+			b.posted(batch)
 		}
 		clear(batch)
 		b.mu.Lock()

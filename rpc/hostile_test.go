@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -173,5 +174,76 @@ func TestRefBounds(t *testing.T) {
 	}
 	if got := srv.Stats().ReadBytes; got != 4 {
 		t.Fatalf("%d bytes read, want the 4 asked for", got)
+	}
+}
+
+// TestCallBeforeItsSlotsReply: a client that sends a slot's next call
+// before that slot's reply has come breaks the protocol; the server may
+// end its session for it, but never answers a call with another call's
+// reply. Two calls per slot go out in one write, so that both often reach
+// the server's poller together: the reply of the first was still to be
+// posted from the slot's buffer when the second was accepted and
+// overwrote it (both replies then carried the second's id).
+func TestCallBeforeItsSlotsReply(t *testing.T) {
+	_, _, addr := pair(t, Options{})
+	for try := range 50 {
+		r := dialRaw(t, addr)
+		slots := int(r.hello.Slots)
+		n := 2 * slots
+		mem := make([]byte, 2*n*defaultMsg)
+		mr, err := r.pd.Register(mem, gowarp.LocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[uint64]string{}
+		var wrs []gowarp.SendWR
+		for k := range n {
+			recv := (n + k) * defaultMsg
+			r.qp.PostRecv(&gowarp.RecvWR{ID: uint64(recv), SGL: []gowarp.SGE{{MR: mr, Offset: recv, Length: defaultMsg}}})
+			id := uint64(k/slots+1)<<16 | uint64(k%slots)
+			arg := fmt.Sprintf("try %d call %#x", try, id)
+			want[id] = arg
+			m := appendCallHeader(mem[k*defaultMsg:k*defaultMsg], id, 0, "echo.fast", nil, len(arg))
+			m = append(m, arg...)
+			wrs = append(wrs, gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Offset: k * defaultMsg, Length: len(m)}}})
+		}
+		if _, err := r.qp.PostSendList(wrs); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var wc [16]gowarp.Completion
+		for got := 0; got < n; {
+			if err := r.cq.Wait(ctx); err != nil {
+				t.Fatalf("try %d: %d of %d replies: %v", try, got, n, err)
+			}
+			for _, c := range wc[:r.cq.Poll(wc[:])] {
+				if c.Err() != nil {
+					got = n // the server ended the session: allowed
+					break
+				}
+				if c.Op != gowarp.CompRecv {
+					continue
+				}
+				b := r.buf[defaultMsg:] // dialRaw's receive, ID 1
+				if c.ID != 1 {
+					b = mem[c.ID:]
+				}
+				rep, err := parseReply(b[:c.Bytes])
+				if err != nil {
+					t.Fatalf("try %d: %v", try, err)
+				}
+				arg, ok := want[rep.ID]
+				if !ok {
+					t.Fatalf("try %d: reply to call %#x, which is not outstanding (a second reply?)", try, rep.ID)
+				}
+				if string(rep.Payload) != arg {
+					t.Fatalf("try %d: call %#x answered with %q, want %q", try, rep.ID, rep.Payload, arg)
+				}
+				delete(want, rep.ID)
+				got++
+			}
+		}
+		cancel()
+		r.qp.Close()
 	}
 }

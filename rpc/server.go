@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -245,6 +246,7 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 	msg := min(int(h.MaxMessage), s.opts.MaxMessage)
 	x := &session{srv: s, id: rand.Uint64() | 1, pd: s.dev.AllocPD(), maxMsg: msg, gone: make(chan struct{}), lead: make(chan struct{}, 1)}
 	x.ctx, x.cancel = context.WithCancelCause(context.Background())
+	x.sends.posted = x.posted
 	nrecv := n + cancelCredits
 	x.cq = s.dev.NewCQ(nrecv + 6*n + 16)
 	if x.qp, err = x.pd.NewQP(gowarp.QPConfig{SendCQ: x.cq, RecvCQ: x.cq, SendDepth: 6 * n, RecvDepth: nrecv}); err != nil {
@@ -374,10 +376,7 @@ func (x *session) poll(spare bool) {
 			}
 		}
 		if len(x.batch) > 0 {
-			err := x.sends.post(x.qp, false, x.batch...)
-			clear(x.batch)
-			x.batch = x.batch[:0]
-			if err != nil {
+			if err := x.flush(); err != nil {
 				x.close(err)
 				return
 			}
@@ -458,11 +457,19 @@ func (x *session) onMessage(k, n int) error {
 	}
 	i := int(id & 0xffff)
 	if i >= len(x.calls) || x.calls[i].busy.Load() {
-		// A call in a slot still busy could only overwrite a reply being
-		// sent: the client broke the protocol.
+		// A call in a slot whose handler still runs: the client cannot
+		// have had the slot's reply, it broke the protocol.
 		return fmt.Errorf("%w: call %#x in slot %d, busy or beyond %d", ErrMalformed, id, i, len(x.calls))
 	}
 	c := &x.calls[i]
+	if c.replying.Load() {
+		// The slot's last reply is still to be posted from the slot's
+		// buffer; a client can have seen it only if that is happening
+		// now. Wait for it rather than overwrite it.
+		if err := x.awaitReply(c); err != nil {
+			return err
+		}
+	}
 	c.begin(id, k, m)
 	if err != nil {
 		c.finish(err, statusBadCall, true)
@@ -505,6 +512,45 @@ func (x *session) onMessage(k, n int) error {
 	return nil
 }
 
+// awaitReply waits until call c's reply has been posted: at once if it
+// is in the poller's own batch, else by whoever posts it now (a client
+// saw the reply, so that post is under way), or until the session ends.
+func (x *session) awaitReply(c *ServerCall) error {
+	if len(x.batch) > 0 {
+		if err := x.flush(); err != nil {
+			return err
+		}
+	}
+	for spins := 0; c.replying.Load(); spins++ {
+		if x.ctx.Err() != nil {
+			return ErrSessionClosed
+		}
+		if spins < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond) // a poster blocked on a client that does not read
+		}
+	}
+	return nil
+}
+
+// flush posts the replies of non-blocking handlers gathered by the poller.
+func (x *session) flush() error {
+	err := x.sends.post(x.qp, false, x.batch...)
+	clear(x.batch)
+	x.batch = x.batch[:0]
+	return err
+}
+
+// posted frees the slots of replies the queue pair has taken.
+func (x *session) posted(wrs []gowarp.SendWR) {
+	for i := range wrs {
+		if s := int(wrs[i].ID & 0xffff); s < len(x.calls) {
+			x.calls[s].replying.Store(false)
+		}
+	}
+}
+
 // getChunk lends a registered staging buffer for fetches.
 func (x *session) getChunk() (*gowarp.MR, error) {
 	x.chunkMu.Lock()
@@ -530,17 +576,24 @@ func (x *session) putChunk(mr *gowarp.MR) {
 
 // ServerCall is one call being served.
 type ServerCall struct {
-	sess   *session
-	slot   int
-	busy   atomic.Bool
-	id     uint64
-	recv   int // the receive buffer holding the call
-	msg    callMsg
-	method *method
-	refs   [MaxRefs]Ref
-	nrefs  int
-	gen    atomic.Uint64 // bumped when the call ends: its references die
-	ctx    callCtx
+	sess *session
+	slot int
+	busy atomic.Bool // from the call's arrival until its handler returns
+	// replying is set from the handler's return until the queue pair has
+	// taken the reply: the slot's buffer and work request are the reply's
+	// until then, and a next call in the slot waits (awaitReply). The
+	// engine may read the buffer a little longer (a transmit left to
+	// another goroutine), but only a client that sends into the slot
+	// before its reply came can see that reply changed: its own.
+	replying atomic.Bool
+	id       uint64
+	recv     int // the receive buffer holding the call
+	msg      callMsg
+	method   *method
+	refs     [MaxRefs]Ref
+	nrefs    int
+	gen      atomic.Uint64 // bumped when the call ends: its references die
+	ctx      callCtx
 
 	buf     []byte // the slot's reply message
 	replied int    // reply length, -1 for none yet
@@ -676,6 +729,7 @@ func (c *ServerCall) finish(err error, status uint8, onPoll bool) {
 	c.wr.ID = c.id
 	c.ctx.cancel(context.Canceled)
 	recv := c.recv
+	c.replying.Store(true) // before busy is cleared: onMessage looks at busy first
 	c.busy.Store(false)
 	if err := x.qp.PostRecv(&x.recvs[recv]); err != nil {
 		x.close(err)
