@@ -3,6 +3,8 @@ package rpc
 import (
 	"context"
 	"testing"
+
+	"github.com/gowarp/gowarp"
 )
 
 // BenchmarkCall is one 64-byte call and its 64-byte reply, one caller.
@@ -81,5 +83,29 @@ func TestCallAllocs(t *testing.T) {
 	})
 	if n > 0 {
 		t.Fatalf("%v allocations per call", n)
+	}
+}
+
+// BenchmarkLendSpan is what a call pays per span it lends: a region
+// registered for the span alone and deregistered when the call ends
+// (what a handle kept beyond its call would save; see the README).
+func BenchmarkLendSpan(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		n    int
+	}{{"64B", 64}, {"1MiB", 1 << 20}} {
+		b.Run(c.name, func(b *testing.B) {
+			pd := gowarp.Open(gowarp.WithLogger(quiet)).AllocPD()
+			buf := make([]byte, c.n)
+			for b.Loop() {
+				mr, err := pd.Register(buf, gowarp.RemoteRead)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := mr.Deregister(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
