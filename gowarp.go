@@ -8,7 +8,10 @@
 // access rights and an STag (the rkey/lkey). A queue pair (QP) has a send
 // and a receive queue; work requests posted to them complete into
 // completion queues (CQ), which any number of QPs may share. QPs are
-// connected with Connect on one side and a Listener on the other.
+// connected with Connect on one side and a Listener on the other, or over
+// a stream the application already has: ConnectConn over any net.Conn
+// (a TLS connection, a socket of another network namespace) and ListenOn
+// over any net.Listener.
 //
 //	dev := gowarp.Open()
 //	pd := dev.AllocPD()
@@ -31,99 +34,6 @@ import (
 	"github.com/gowarp/gowarp/internal/engine"
 	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
-)
-
-// MR is a registered memory region. Its STag is both the local key in
-// SGEs (through the *MR itself) and the remote key peers use.
-//
-// Placed counts the bytes peers have placed into the region (RDMA Writes
-// and Read Responses) since registration, and
-//
-//	func (r *MR) WaitPlaced(ctx context.Context, n uint64) error
-//
-// waits, without polling, until Placed reaches n: the way to receive a
-// one-sided Write (see the example). It returns ctx.Err() when ctx ends
-// first and ErrRegionInvalid when the region is deregistered or
-// invalidated meanwhile.
-type MR = mem.Region
-
-// STag is a steering tag: a 24-bit index and an 8-bit key.
-type STag = mem.STag
-
-// Access is a set of rights on a memory region.
-type Access = mem.Access
-
-// Access rights.
-const (
-	LocalWrite       = mem.LocalWrite       // receives and Read sinks may write it
-	RemoteRead       = mem.RemoteRead       // peers may RDMA Read it
-	RemoteWrite      = mem.RemoteWrite      // peers may RDMA Write it
-	RemoteInvalidate = mem.RemoteInvalidate // a peer's Send with Invalidate may kill its STag
-)
-
-// Work requests and completions.
-type (
-	SGE            = engine.SGE
-	SendWR         = engine.SendWR
-	RecvWR         = engine.RecvWR
-	WROp           = engine.WROp
-	WRFlags        = engine.WRFlags
-	Completion     = engine.Completion
-	CompletionOp   = engine.CompletionOp
-	Status         = engine.Status
-	State          = engine.State
-	CompletionMode = engine.CompletionMode
-	CQ             = engine.CQ
-)
-
-// Work request opcodes and flags.
-const (
-	OpSend    = engine.OpSend
-	OpSendInv = engine.OpSendInv
-	OpWrite   = engine.OpWrite
-	OpRead    = engine.OpRead
-
-	Signaled  = engine.Signaled
-	Solicited = engine.Solicited
-	Fence     = engine.Fence
-
-	MaxSGE = engine.MaxSGE
-)
-
-// Completion kinds.
-const (
-	CompSend  = engine.CompSend
-	CompWrite = engine.CompWrite
-	CompRead  = engine.CompRead
-	CompRecv  = engine.CompRecv
-)
-
-// Completion statuses; every one but Success is also an error value.
-const (
-	Success              = engine.Success
-	LocalLengthError     = engine.LocalLengthError
-	LocalQPError         = engine.LocalQPError
-	LocalProtectionError = engine.LocalProtectionError
-	WRFlushError         = engine.WRFlushError
-	RemoteAccessError    = engine.RemoteAccessError
-	RemoteOperationError = engine.RemoteOperationError
-	RemoteInvalidRequest = engine.RemoteInvalidRequest
-	FatalError           = engine.FatalError
-)
-
-// QP states.
-const (
-	StateIdle       = engine.StateIdle
-	StateConnecting = engine.StateConnecting
-	StateReady      = engine.StateReady
-	StateClosing    = engine.StateClosing
-	StateError      = engine.StateError
-)
-
-// Completion modes of signaled Sends and Writes.
-const (
-	Handed = engine.Handed
-	Acked  = engine.Acked
 )
 
 // Errors. Every error a call of this package returns, or a completion or
@@ -185,6 +95,8 @@ var (
 	ErrRegionInvalid = mem.ErrInvalid
 	// ErrTableFull: every STag index of the device is in use.
 	ErrTableFull = mem.ErrTableFull
+	// ErrReleased: a post of a released Prepared.
+	ErrReleased = engine.ErrReleased
 )
 
 // TermError is the reason a Terminate carries (layer, error type and
@@ -236,23 +148,22 @@ func Open(opts ...DeviceOption) *Device {
 }
 
 // NewCQ returns a completion queue holding up to depth completions.
-func (d *Device) NewCQ(depth int) *CQ { return engine.NewCQEvents(depth, d.emit) }
+func (d *Device) NewCQ(depth int) *CQ { return pubCQ(engine.NewCQEvents(depth, d.emit)) }
 
 // Event is an asynchronous event of a device's queue pairs and completion
 // queues, as libibverbs' ibv_get_async_event and rdma_cm's disconnect
-// event report them: see Device.Events and the EventType constants. Its
-// fields:
-//
-//	type Event struct {
-//		Type EventType
-//		QP   *QP   // the queue pair concerned
-//		CQ   *CQ   // EventCQOverrun: the queue that overran
-//		Err  error // why: matches this package's errors with errors.Is
-//	}
-type Event = engine.Event
+// event report them: see Device.Events and the EventType constants.
+type Event struct {
+	Type EventType
+	QP   *QP   // the queue pair concerned
+	CQ   *CQ   // EventCQOverrun: the queue that overran
+	Err  error // why: matches this package's errors with errors.Is
+}
 
 // EventType says what an Event reports.
-type EventType = engine.EventType
+type EventType uint8
+
+func (t EventType) String() string { return engine.EventType(t).String() }
 
 // Asynchronous event types. The queue pair events carry the QP and, in
 // Err, the reason, which errors.Is matches against this package's errors
@@ -261,23 +172,23 @@ const (
 	// EventQPFatal: this side moved the QP to error: it found an error in
 	// the peer's input and sent a Terminate (Err matches ErrTerminated),
 	// or the connection failed (ErrLinkLost). IBV_EVENT_QP_FATAL.
-	EventQPFatal = engine.EventQPFatal
+	EventQPFatal EventType = iota + 1
 	// EventPeerTerminated: the peer sent a Terminate (Err matches
 	// ErrPeerTerminated and the peer's TermError).
-	EventPeerTerminated = engine.EventPeerTerminated
+	EventPeerTerminated
 	// EventPeerClosed: the peer closed the connection (ErrPeerClosed).
 	// RDMA_CM_EVENT_DISCONNECTED.
-	EventPeerClosed = engine.EventPeerClosed
+	EventPeerClosed
 	// EventCQOverrun: a completion found its CQ (Event.CQ) full and was
 	// lost; the CQ's Wait returns ErrCQOverrun from then on. Reported
 	// once per CQ. IBV_EVENT_CQ_ERR.
-	EventCQOverrun = engine.EventCQOverrun
+	EventCQOverrun
 	// EventLastWQE: the QP left the ready state, for any reason (Err;
 	// ErrClosed after Close or Disconnect), and every work request it
 	// held has completed, most as flushed: nothing more of it will
 	// complete, and it pins no region any more. It follows the failure's
 	// own event. IBV_EVENT_QP_LAST_WQE_REACHED.
-	EventLastWQE = engine.EventLastWQE
+	EventLastWQE
 )
 
 // Events returns the channel on which the device reports asynchronous
@@ -298,9 +209,9 @@ func (d *Device) Events() <-chan Event { return d.events }
 func (d *Device) DroppedEvents() uint64 { return d.dropped.Load() }
 
 // emit queues an event without ever blocking the engine.
-func (d *Device) emit(e Event) {
+func (d *Device) emit(e engine.Event) {
 	select {
-	case d.events <- e:
+	case d.events <- Event{Type: EventType(e.Type), QP: pubQP(e.QP), CQ: pubCQ(e.CQ), Err: e.Err}:
 	default:
 		d.dropped.Add(1)
 	}
@@ -319,22 +230,33 @@ func (d *Device) AllocPD() *PD { return &PD{dev: d, id: d.nextPD.Add(1)} }
 // Register registers buf as a memory region with the given rights. Its
 // tagged offsets start at the buffer's address, as with libibverbs.
 func (pd *PD) Register(buf []byte, access Access) (*MR, error) {
-	return pd.dev.table.Register(pd.id, [][]byte{buf}, access, mem.Options{})
+	return pd.register([][]byte{buf}, access, mem.Options{})
 }
 
 // RegisterOptions tune RegisterBuffers.
-type RegisterOptions = mem.Options
+type RegisterOptions struct {
+	// Addr is the tagged offset of the region's first byte. Zero means
+	// the address of the first buffer in this process, the convention of
+	// libibverbs and siw, which peers expect.
+	Addr uint64
+	// Key is the consumer key, the STag's low 8 bits. Zero, unless
+	// KeyFixed is set, means a random key.
+	Key uint8
+	// KeyFixed keeps Key even when it is zero.
+	KeyFixed bool
+}
 
 // RegisterBuffers registers several buffers as one region with a single
 // STag and one contiguous range of tagged offsets: a Write into it or a
 // Read landing in it fills the buffers in order.
 func (pd *PD) RegisterBuffers(bufs [][]byte, access Access, o RegisterOptions) (*MR, error) {
-	return pd.dev.table.Register(pd.id, bufs, access, o)
+	return pd.register(bufs, access, mem.Options(o))
 }
 
-// Prepared is a work request checked, pinned and encoded once and posted
-// many times: see QP.Prepare.
-type Prepared = engine.Prepared
-
-// ErrReleased is returned by a post of a released Prepared.
-var ErrReleased = engine.ErrReleased
+func (pd *PD) register(bufs [][]byte, access Access, o mem.Options) (*MR, error) {
+	r, err := pd.dev.table.Register(pd.id, bufs, mem.Access(access), o)
+	if err != nil {
+		return nil, err
+	}
+	return pubMR(r), nil
+}

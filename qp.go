@@ -2,59 +2,161 @@ package gowarp
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
-	"sync"
-	"time"
+	"unsafe"
 
-	"github.com/gowarp/gowarp/internal/cm"
 	"github.com/gowarp/gowarp/internal/engine"
 )
-
-// Connection setup errors.
-var (
-	// ErrRejected: the peer rejected the connection (see RejectedError).
-	ErrRejected = cm.ErrRejected
-	// ErrMarkers: the peer asked for MPA markers, which gowarp lacks.
-	ErrMarkers = cm.ErrMarkers
-	// ErrMPARevision: an MPA revision other than 1 or 2 was asked for,
-	// or the peer answered with another revision than the one asked.
-	ErrMPARevision = cm.ErrRevision
-	// ErrMPAProtocol: the peer's MPA request or reply is malformed or out
-	// of turn.
-	ErrMPAProtocol = cm.ErrProtocol
-	// ErrPrivateDataLong: more private data than an MPA frame holds.
-	ErrPrivateDataLong = cm.ErrPrivateDataLong
-	// ErrInsufficientIRD: the peer's IRD/ORD cannot be met (RFC 6581's
-	// "insufficient IRD"): its ORD exceeds the most inbound Reads this
-	// side can take, or this side asked for IRD NoReads and the
-	// responder still wants to read.
-	ErrInsufficientIRD = cm.ErrInsufficientIRD
-)
-
-// RejectedError is the error of a rejected Connect; it carries the peer's
-// private data and matches ErrRejected.
-type RejectedError = cm.RejectedError
 
 // QP is a reliable-connected queue pair. Post work with PostSend and
 // PostRecv (receives may be posted before the QP is connected); connect
 // with Connect, or accept a ConnRequest on it.
-type QP = engine.QP
+type QP struct {
+	q engine.QP // by value: a *QP is the engine's *QP (see wr.go)
+}
 
-// ConnectOptions tune connection setup, on either side.
-type ConnectOptions = engine.ConnectOptions
+func pubQP(q *engine.QP) *QP { return (*QP)(unsafe.Pointer(q)) }
 
-// NoReads as ConnectOptions.IRD or ORD asks for none, which the zero value
-// cannot say (it means the default, 16): IRD 0 serves no RDMA Reads from
-// the peer, ORD 0 issues none, as perftest's and most rdma_cm clients
-// that do not read ask. MPA revision 2 carries the 0 to the peer (RFC
-// 6581); on an ORD 0 connection PostSend refuses a Read with ErrZeroORD,
-// and a peer's Read Request arriving at IRD 0 is answered with a
-// Terminate (RDMAP remote operation error, wire.ErrRDMAPStream). A peer
-// whose reply asks to read from a connection that said IRD NoReads fails
-// Connect with ErrInsufficientIRD. QP.Params reports what was settled.
-const NoReads = engine.NoReads
+// Params are what connection setup settled.
+type Params struct {
+	// CRC is whether every FPDU carries an MPA CRC32c.
+	CRC bool
+	// IRD is how many inbound RDMA Reads may be outstanding, ORD how many
+	// outbound; 0 allows none.
+	IRD, ORD int
+}
+
+// Disconnect closes the connection gracefully: it stops new work, waits
+// (until ctx is done) for queued sends to leave, closes the TCP connection
+// and flushes whatever is left.
+func (qp *QP) Disconnect(ctx context.Context) error { return qp.q.Disconnect(ctx) }
+
+// Close tears the queue pair down at once, flushing all outstanding work,
+// and waits for its goroutines to stop. If the queue pair is sending a
+// Terminate (it found an error in the peer's input), Close first lets the
+// Terminate reach the socket, so the peer learns why, waiting at most a
+// second for a peer that does not read.
+func (qp *QP) Close() error { return qp.q.Close() }
+
+// State returns the queue pair's state.
+func (qp *QP) State() State { return State(qp.q.State()) }
+
+// Err returns why the queue pair left the ready state, or ErrCQOverrun if
+// it lost a completion to a full queue (it stays ready then), or nil.
+func (qp *QP) Err() error { return qp.q.Err() }
+
+// Params returns what connection setup settled.
+func (qp *QP) Params() Params {
+	p := qp.q.Params()
+	return Params{CRC: p.CRC, IRD: p.IRD, ORD: p.ORD}
+}
+
+// PeerPrivateData returns the private data the peer sent while connecting.
+func (qp *QP) PeerPrivateData() []byte { return qp.q.PeerPrivateData() }
+
+// FPDUSize returns the size on the wire of a full FPDU on this connection
+// now (the TCP segment, rounded down to 4 on links with real segments; on
+// loopback the MSS less room for TCP's options, rounded down to 8, which
+// grows as the MSS does), unless set by ConnectOptions.MaxFPDU; 0 before
+// the queue pair is connected.
+func (qp *QP) FPDUSize() int { return qp.q.FPDUSize() }
+
+// Nudges returns how many zero-length Writes the queue pair sent to wake a
+// peer that had not answered yet (see ConnectOptions.NoNudge).
+func (qp *QP) Nudges() int { return qp.q.Nudges() }
+
+// PostSend queues a send-queue work request.
+func (qp *QP) PostSend(wr *SendWR) error { return qp.q.PostSend(engSendWR(wr)) }
+
+// PostSendList queues work requests in order with one doorbell: their
+// FPDUs leave together, in as few system calls as the socket allows. It
+// returns how many were queued; on an error the rest were not.
+func (qp *QP) PostSendList(wrs []SendWR) (int, error) { return qp.q.PostSendList(engSendWRs(wrs)) }
+
+// PostRecv queues a receive buffer. Receives may be posted before the
+// queue pair is connected.
+func (qp *QP) PostRecv(wr *RecvWR) error { return qp.q.PostRecv(engRecvWR(wr)) }
+
+// PostRecvList queues receive buffers in order under one lock. It returns
+// how many were queued; on an error the rest were not.
+func (qp *QP) PostRecvList(wrs []RecvWR) (int, error) { return qp.q.PostRecvList(engRecvWRs(wrs)) }
+
+// Progress blocks until the queue pair has received at least one FPDU
+// (placed a peer's Write, answered a Read, completed a receive…) or ctx is
+// done, running the receive path on the calling goroutine when it can: the
+// way to wait for one-sided Writes with the least latency, watching
+// MR.Placed between calls.
+func (qp *QP) Progress(ctx context.Context) error { return qp.q.Progress(ctx) }
+
+// Prepare checks wr and keeps it ready to post, pinning its regions until
+// Release. wr.ID and the Signaled flag are ignored: Post supplies them.
+func (qp *QP) Prepare(wr *SendWR) (*Prepared, error) {
+	p, err := qp.q.Prepare(engSendWR(wr))
+	if err != nil {
+		return nil, err
+	}
+	return (*Prepared)(unsafe.Pointer(p)), nil
+}
+
+// Prepared is a work request checked, pinned and encoded once and posted
+// many times: see QP.Prepare. Its regions cannot be deregistered until
+// Release.
+type Prepared struct {
+	p engine.Prepared // by value: a *Prepared is the engine's
+}
+
+// Post posts the prepared work request with the given ID, signaled or not.
+func (p *Prepared) Post(id uint64, signaled bool) error { return p.p.Post(id, signaled) }
+
+// PostN posts the prepared work request n times with one doorbell, with
+// IDs id, id+1, …; only the last is signaled, and only if signaled is set.
+// It returns how many were queued.
+func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
+	return p.p.PostN(id, n, signaled)
+}
+
+// Release unpins the prepared request's regions; later posts fail with
+// ErrReleased. Work already posted is not affected: it pins them until it
+// completes.
+func (p *Prepared) Release() { p.p.Release() }
+
+// State is a queue pair's state.
+type State int32
+
+// QP states.
+const (
+	StateIdle       State = iota // created, not connected
+	StateConnecting              // MPA negotiation under way
+	StateReady                   // connected: work flows
+	StateClosing                 // disconnect requested, draining
+	StateError                   // failed or closed: work is flushed
+)
+
+func (s State) String() string { return engine.State(s).String() }
+
+// CompletionMode chooses when a signaled Send or Write completes.
+type CompletionMode uint8
+
+// Completion modes of signaled Sends and Writes.
+const (
+	// Handed completes a Send or Write once the socket has taken all its
+	// bytes. The buffer may then be reused only if the application can
+	// tolerate a retransmission carrying the new bytes (with CRC on, the
+	// peer would see a CRC error); in practice: do not change it until a
+	// later exchange with the peer shows the data arrived. If the
+	// connection fails, what the socket took still completes
+	// successfully; only work it did not take is flushed.
+	Handed CompletionMode = iota
+	// Acked completes a Send or Write once the kernel's send queue shows
+	// every byte of it acknowledged by the peer's TCP. From then on the
+	// buffer may be changed freely: TCP will never send it again. If the
+	// connection fails, what was acknowledged by then completes
+	// successfully, the rest is flushed (though it may have arrived).
+	// It needs a TCP connection (Linux); over other streams (TLS) it
+	// completes as Handed.
+	Acked
+)
+
+func (m CompletionMode) String() string { return engine.CompletionMode(m).String() }
 
 // QPConfig sizes a queue pair.
 type QPConfig struct {
@@ -78,157 +180,23 @@ func (pd *PD) NewQP(c QPConfig) (*QP, error) {
 	if c.RecvDepth == 0 {
 		c.RecvDepth = 128
 	}
-	return engine.NewQP(engine.Config{
+	q, err := engine.NewQP(engine.Config{
 		SendDepth: c.SendDepth, RecvDepth: c.RecvDepth,
-		SendCQ: c.SendCQ, RecvCQ: c.RecvCQ,
+		SendCQ: engCQ(c.SendCQ), RecvCQ: engCQ(c.RecvCQ),
 		PD: pd.id, Table: pd.dev.table,
-		Completion: c.Completion, AsyncOnly: c.AsyncOnly,
+		Completion: engine.CompletionMode(c.Completion), AsyncOnly: c.AsyncOnly,
 		Logger: pd.dev.log, Events: pd.dev.emit,
 	})
-}
-
-// Listener accepts iWARP connections on a TCP address. Each incoming
-// connection's MPA request is read on its own goroutine, so a peer that
-// connects and stays silent holds up nobody.
-type Listener struct {
-	dev  *Device
-	ln   net.Listener
-	reqs chan *ConnRequest
-	done chan struct{}
-	once sync.Once
-	err  error // why the accept loop ended; read after reqs is closed
-}
-
-// handshakeTimeout bounds the wait for an MPA request on an accepted
-// connection (siw waits 5 s).
-const handshakeTimeout = 5 * time.Second
-
-// Listen listens for connections on addr (host:port).
-func (d *Device) Listen(addr string) (*Listener, error) {
-	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	l := &Listener{dev: d, ln: ln, reqs: make(chan *ConnRequest, 64), done: make(chan struct{})}
-	go l.acceptLoop()
-	return l, nil
+	return pubQP(q), nil
 }
 
-func (l *Listener) acceptLoop() {
-	defer close(l.reqs)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := l.ln.Accept()
-		if err != nil {
-			l.err = err
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l.handshake(c)
-		}()
+// engCQ returns the engine's CQ of cq, nil for nil.
+func engCQ(cq *CQ) *engine.CQ {
+	if cq == nil {
+		return nil
 	}
-}
-
-// handshake reads one connection's MPA request and queues it for Accept.
-func (l *Listener) handshake(c net.Conn) {
-	engine.SetNoDelay(c)
-	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
-	defer cancel()
-	stop := context.AfterFunc(ctx, func() {
-		select {
-		case <-l.done:
-			c.Close()
-		default:
-		}
-	})
-	defer stop()
-	req, err := cm.ReadRequest(ctx, c)
-	if err != nil {
-		l.dev.log.Info("gowarp: dropped connection", "peer", c.RemoteAddr(), "err", err)
-		c.Close()
-		return
-	}
-	select {
-	case l.reqs <- &ConnRequest{c: c, req: req}:
-	case <-l.done:
-		c.Close()
-	}
-}
-
-// Addr returns the listening address.
-func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
-
-// Close stops listening; requests not yet accepted are dropped.
-func (l *Listener) Close() error {
-	err := l.ln.Close()
-	l.once.Do(func() {
-		close(l.done)
-		go func() { // drop what was queued
-			for r := range l.reqs {
-				r.c.Close()
-			}
-		}()
-	})
-	return err
-}
-
-// ConnRequest is an incoming connection waiting to be accepted or rejected.
-type ConnRequest struct {
-	c   net.Conn
-	req *cm.Request
-}
-
-// PrivateData returns the private data the connecting peer sent.
-func (r *ConnRequest) PrivateData() []byte { return r.req.PrivateData() }
-
-// ReadLimits returns the IRD and ORD the connecting peer asked for in its
-// MPA revision 2 request (rdma_cm's responder_resources and
-// initiator_depth); ok is false for a revision 1 request, which carries
-// none.
-func (r *ConnRequest) ReadLimits() (ird, ord int, ok bool) {
-	f := &r.req.Frame
-	if f.Revision != 2 || !f.Enhanced {
-		return 0, 0, false
-	}
-	return int(f.IRD), int(f.ORD), true
-}
-
-// RemoteAddr returns the connecting peer's address.
-func (r *ConnRequest) RemoteAddr() net.Addr { return r.c.RemoteAddr() }
-
-// Accept waits for the next connection request, until ctx is done or the
-// listener is closed. A connecting peer that sends no valid MPA request is
-// dropped and logged: a misbehaving client never stops a listener.
-func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
-	select {
-	case r, ok := <-l.reqs:
-		if !ok {
-			return nil, fmt.Errorf("gowarp: listener: %w", l.err)
-		}
-		select {
-		case <-l.done:
-			r.c.Close()
-			return nil, net.ErrClosed
-		default:
-		}
-		return r, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// Accept accepts the request on qp, an idle queue pair, sending the reply.
-func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
-	return qp.Accept(ctx, r.c, r.req, o)
-}
-
-// Reject refuses the request, sending private data with the rejection.
-func (r *ConnRequest) Reject(privateData []byte) error {
-	err := r.req.Reject(privateData)
-	return errors.Join(err, r.c.Close())
+	return &cq.cq
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/gowarp/gowarp/wire"
@@ -235,6 +236,20 @@ type Request struct {
 // PrivateData returns the initiator's private data.
 func (r *Request) PrivateData() []byte { return r.Frame.PrivateData }
 
+// Conn returns the connection the request came on.
+func (r *Request) Conn() net.Conn { return r.c }
+
+// ReadLimits returns the IRD and ORD the initiator asked for in its MPA
+// revision 2 request; ok is false for a revision 1 request, which carries
+// none.
+func (r *Request) ReadLimits() (ird, ord int, ok bool) {
+	f := &r.Frame
+	if f.Revision != 2 || !f.Enhanced {
+		return 0, 0, false
+	}
+	return int(f.IRD), int(f.ORD), true
+}
+
 // ReadRequest reads the initiator's request on an accepted socket. A
 // request gowarp cannot serve (markers, unknown revision) is rejected here
 // and reported as an error.
@@ -296,12 +311,13 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	return res, nil
 }
 
-// Reject answers the request with a rejection carrying private data.
+// Reject answers the request with a rejection carrying private data and
+// closes the connection.
 func (r *Request) Reject(privateData []byte) error {
 	if len(privateData) > wire.MaxMPAPrivateData-4 {
-		return fmt.Errorf("%w: %d bytes", ErrPrivateDataLong, len(privateData))
+		return errors.Join(fmt.Errorf("%w: %d bytes", ErrPrivateDataLong, len(privateData)), r.c.Close())
 	}
-	return r.reject(privateData, r.Frame.Revision)
+	return errors.Join(r.reject(privateData, r.Frame.Revision), r.c.Close())
 }
 
 func (r *Request) reject(pd []byte, rev uint8) error {
@@ -313,9 +329,25 @@ func (r *Request) reject(pd []byte, rev uint8) error {
 	return writeFrame(r.c, &rep)
 }
 
+// ctxErr says why an MPA exchange failed: ctx's end, which also fires
+// the socket's deadline (the socket's timeout may come first, before
+// ctx.Err is set: it is ctx's deadline all the same), or the default
+// timeout, or the peer.
 func ctxErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if d, ok := ctx.Deadline(); ok {
+			if !time.Now().Before(d) {
+				return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+			}
+		} else {
+			return fmt.Errorf("no MPA frame from the peer in %v: %w", replyTimeout, err)
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("peer closed the connection during the MPA exchange: %w", io.ErrUnexpectedEOF)
 	}
 	return err
 }

@@ -80,32 +80,55 @@ func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 		return err
 	}
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := cm.Dial(ctx, addr)
 	if err != nil {
 		q.Close()
 		return q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
 	}
-	SetNoDelay(c)
+	return q.initiate(ctx, c, &o, addr)
+}
+
+// ConnectConn is Connect over a connection the caller has opened (TCP,
+// TLS, any stream): MPA, then the QP is ready. The queue pair owns c from
+// the call on, and closes it on failure.
+func (q *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) error {
+	ctx, cancel, err := q.connecting(ctx, "ConnectConn")
+	if err != nil {
+		c.Close()
+		return err
+	}
+	defer cancel()
+	cm.SetNoDelay(c)
+	peer := "peer"
+	if a := c.RemoteAddr(); a != nil {
+		peer = a.String()
+	}
+	return q.initiate(ctx, c, &o, peer)
+}
+
+// initiate runs the initiator's MPA exchange on c and starts the queue pair.
+func (q *QP) initiate(ctx context.Context, c net.Conn, o *ConnectOptions, peer string) error {
 	r, err := cm.Initiate(ctx, c, o.cm())
 	if err != nil {
 		c.Close()
 		q.Close()
-		return q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
+		return q.closedErr(fmt.Errorf("gowarp: connect %s: %w", peer, err))
 	}
-	return q.begin(c, r, &o, true)
+	return q.begin(c, r, o, true)
 }
 
 // Accept accepts a connection request read by a listener on this idle
 // queue pair, sending the MPA reply. A Close while it is under way makes
-// it fail with ErrClosed and closes c. On a queue pair that is not idle it
-// fails at once and leaves c open: the request may still be answered.
-func (q *QP) Accept(ctx context.Context, c net.Conn, req *cm.Request, o ConnectOptions) error {
+// it fail with ErrClosed and closes the request's connection. On a queue
+// pair that is not idle it fails at once and leaves the connection open:
+// the request may still be answered.
+func (q *QP) Accept(ctx context.Context, req *cm.Request, o ConnectOptions) error {
 	ctx, cancel, err := q.connecting(ctx, "Accept")
 	if err != nil {
 		return err
 	}
 	defer cancel()
+	c := req.Conn()
 	r, err := req.Accept(ctx, o.cm())
 	if err != nil {
 		c.Close()
@@ -162,12 +185,4 @@ func (q *QP) PeerPrivateData() []byte {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.peerData
-}
-
-// SetNoDelay turns Nagle's algorithm off: FPDUs leave at once (siw does
-// the same).
-func SetNoDelay(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
 }

@@ -1,0 +1,209 @@
+package gowarp
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+
+	"github.com/gowarp/gowarp/internal/cm"
+	"github.com/gowarp/gowarp/internal/engine"
+)
+
+// Connection setup: one connection manager (internal/cm) does both sides'
+// TCP and MPA exchange and ends by starting the queue pair, whether gowarp
+// dials and listens itself (Connect, Listen) or runs over a stream the
+// caller already has (ConnectConn, ListenOn): a socket opened in another
+// network namespace, a TLS connection, any net.Conn.
+
+// Connection setup errors.
+var (
+	// ErrRejected: the peer rejected the connection (see RejectedError).
+	ErrRejected = cm.ErrRejected
+	// ErrMarkers: the peer asked for MPA markers, which gowarp lacks.
+	ErrMarkers = cm.ErrMarkers
+	// ErrMPARevision: an MPA revision other than 1 or 2 was asked for,
+	// or the peer answered with another revision than the one asked.
+	ErrMPARevision = cm.ErrRevision
+	// ErrMPAProtocol: the peer's MPA request or reply is malformed or out
+	// of turn.
+	ErrMPAProtocol = cm.ErrProtocol
+	// ErrPrivateDataLong: more private data than an MPA frame holds.
+	ErrPrivateDataLong = cm.ErrPrivateDataLong
+	// ErrInsufficientIRD: the peer's IRD/ORD cannot be met (RFC 6581's
+	// "insufficient IRD"): its ORD exceeds the most inbound Reads this
+	// side can take, or this side asked for IRD NoReads and the
+	// responder still wants to read.
+	ErrInsufficientIRD = cm.ErrInsufficientIRD
+)
+
+// RejectedError is the error of a rejected Connect; it carries the peer's
+// private data and matches ErrRejected.
+type RejectedError struct {
+	// PrivateData is what the peer sent with its rejection.
+	PrivateData []byte
+	err         error // the connection manager's, wrapped
+}
+
+func (e *RejectedError) Error() string { return e.err.Error() }
+
+// Unwrap returns the underlying error, which matches ErrRejected.
+func (e *RejectedError) Unwrap() error { return e.err }
+
+// connErr gives a connection setup error the root package's types.
+func connErr(err error) error {
+	var r *cm.RejectedError
+	if errors.As(err, &r) {
+		return &RejectedError{PrivateData: r.PrivateData, err: err}
+	}
+	return err
+}
+
+// ConnectOptions tune connection setup, on either side.
+type ConnectOptions struct {
+	// PrivateData goes to the peer in the MPA request or reply: at most
+	// 508 bytes (252 to interoperate with siw).
+	PrivateData []byte
+	// CRC asks for MPA CRC32c on every FPDU; the peer may ask too.
+	CRC bool
+	// MPARevision is 1 or 2 (default 2, with IRD/ORD negotiation).
+	MPARevision int
+	// IRD and ORD bound inbound and outbound RDMA Reads in flight: 0
+	// means the default 16, NoReads (any negative value) none, and at
+	// most 128 are allowed. The peer's wishes adjust them (RFC 6581): our
+	// ORD is capped by the peer's IRD, and our IRD lifted to the peer's
+	// ORD unless it is NoReads; Params reports the outcome. With ORD 0
+	// PostSend refuses Reads (ErrZeroORD); with IRD 0 a peer's Read
+	// Request is answered with a Terminate.
+	IRD, ORD int
+	// NoP2P keeps Connect from asking for peer-to-peer mode; the
+	// connecting side must then send the first message, as with rping.
+	// By default revision 2 connections use peer-to-peer mode with a
+	// ready-to-receive message, so either side may send first.
+	NoP2P bool
+	// SendFirst lets a responder send before the initiator's first FPDU
+	// when peer-to-peer mode is not in use, as siw does. RFC 5044 §7.1.2
+	// has it wait, and so does gowarp by default; a protocol whose server
+	// speaks first on a connection without peer-to-peer mode needs this
+	// (perftest's write_lat over rdma_cm, which siw's clients speak), and
+	// must itself make sure the initiator is ready (perftest syncs over its
+	// control connection first). Initiators ignore it.
+	SendFirst bool
+	// MaxFPDU sets the size of full FPDUs on the wire; 0 sizes them to the
+	// TCP segment, as siw does.
+	MaxFPDU int
+	// NoNudge turns off the zero-length RDMA Writes with which a
+	// connecting queue pair wakes a responder that has not answered yet.
+	// Linux siw's responder sends its MPA reply before it hands the
+	// socket to its queue pair, and bytes that arrive in between stay
+	// unread until more bytes come (docs/interop.md §1): a first message
+	// sent at once may never be answered. So, by default, while the peer
+	// has sent nothing, a connecting queue pair that has sent something
+	// and been quiet for NudgeEvery sends a zero-length Write (STag 1, as
+	// siw's own ready-to-receive message; RFC 5040 places nothing for it),
+	// for the first 20 × NudgeEvery after connecting. Accept sends none.
+	NoNudge bool
+	// NudgeEvery is that quiet interval (default 200 ms).
+	NudgeEvery time.Duration
+}
+
+// NoReads as ConnectOptions.IRD or ORD asks for none, which the zero value
+// cannot say (it means the default, 16): IRD 0 serves no RDMA Reads from
+// the peer, ORD 0 issues none, as perftest's and most rdma_cm clients
+// that do not read ask. MPA revision 2 carries the 0 to the peer (RFC
+// 6581); on an ORD 0 connection PostSend refuses a Read with ErrZeroORD,
+// and a peer's Read Request arriving at IRD 0 is answered with a
+// Terminate (RDMAP remote operation error, wire.ErrRDMAPStream). A peer
+// whose reply asks to read from a connection that said IRD NoReads fails
+// Connect with ErrInsufficientIRD. QP.Params reports what was settled.
+const NoReads = -1
+
+// Connect connects an idle queue pair to a listening peer at addr
+// (host:port): TCP, then MPA, then the QP is ready. A Close while it is
+// under way makes it fail with ErrClosed.
+func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
+	return connErr(qp.q.Connect(ctx, addr, engine.ConnectOptions(o)))
+}
+
+// ConnectConn connects an idle queue pair over c, a connection the caller
+// has opened to a listening peer (a TCP connection from a dialer of its
+// own, a *tls.Conn, any stream): MPA, then the QP is ready, as Connect
+// after its dial. The queue pair owns c from the call on: it closes c when
+// it closes, and at once if the MPA exchange fails. A peer that does not
+// speak MPA fails it with ErrMPAProtocol; one that says nothing, when ctx
+// ends (or after 10 s if ctx has no deadline). Over a stream other than
+// TCP, Acked completes as Handed and FPDUs are not aligned to segments.
+func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) error {
+	return connErr(qp.q.ConnectConn(ctx, c, engine.ConnectOptions(o)))
+}
+
+// Listener accepts iWARP connections. Each incoming connection's MPA
+// request is read on its own goroutine, so a peer that connects and stays
+// silent holds up nobody; a peer that sends no valid MPA request within 5
+// seconds is dropped and logged.
+type Listener struct {
+	l *cm.Listener
+}
+
+// Listen listens for connections on addr (host:port).
+func (d *Device) Listen(addr string) (*Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return d.ListenOn(ln)
+}
+
+// ListenOn accepts iWARP connections on ln, a listener the caller has
+// opened: a TCP listener in another network namespace, a tls.Listener, a
+// Unix socket's. The Listener owns ln from then on, and Close closes it.
+func (d *Device) ListenOn(ln net.Listener) (*Listener, error) {
+	if ln == nil {
+		return nil, errors.New("gowarp: ListenOn: nil listener")
+	}
+	return &Listener{l: cm.Listen(ln, d.log)}, nil
+}
+
+// Addr returns the listening address.
+func (l *Listener) Addr() net.Addr { return l.l.Addr() }
+
+// Close stops listening; requests not yet accepted are dropped.
+func (l *Listener) Close() error { return l.l.Close() }
+
+// Accept waits for the next connection request, until ctx is done or the
+// listener is closed (net.ErrClosed). A connecting peer that sends no
+// valid MPA request is dropped and logged: a misbehaving client never
+// stops a listener.
+func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
+	r, err := l.l.Accept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &ConnRequest{r: r}, nil
+}
+
+// ConnRequest is an incoming connection waiting to be accepted or rejected.
+type ConnRequest struct {
+	r *cm.Request
+}
+
+// PrivateData returns the private data the connecting peer sent.
+func (r *ConnRequest) PrivateData() []byte { return r.r.PrivateData() }
+
+// ReadLimits returns the IRD and ORD the connecting peer asked for in its
+// MPA revision 2 request (rdma_cm's responder_resources and
+// initiator_depth); ok is false for a revision 1 request, which carries
+// none.
+func (r *ConnRequest) ReadLimits() (ird, ord int, ok bool) { return r.r.ReadLimits() }
+
+// RemoteAddr returns the connecting peer's address.
+func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }
+
+// Accept accepts the request on qp, an idle queue pair, sending the reply.
+func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
+	return connErr(qp.q.Accept(ctx, r.r, engine.ConnectOptions(o)))
+}
+
+// Reject refuses the request, sending private data with the rejection,
+// and closes its connection.
+func (r *ConnRequest) Reject(privateData []byte) error { return r.r.Reject(privateData) }

@@ -1,0 +1,90 @@
+package gowarp
+
+import (
+	"context"
+	"unsafe"
+
+	"github.com/gowarp/gowarp/internal/mem"
+)
+
+// MR is a registered memory region. Its STag is both the local key in
+// SGEs (through the *MR itself) and the remote key peers use.
+type MR struct {
+	// r is the region itself, by value, so that an *MR and the engine's
+	// *mem.Region are one address and SGEs pass to the engine uncopied.
+	r mem.Region
+}
+
+// pubMR returns the *MR of an engine region (nil for nil).
+func pubMR(r *mem.Region) *MR { return (*MR)(unsafe.Pointer(r)) }
+
+// STag returns the region's steering tag: the remote key a peer names in
+// an RDMA Write or Read.
+func (mr *MR) STag() STag { return STag(mr.r.STag()) }
+
+// Addr returns the tagged offset of the region's first byte: the remote
+// address a peer names.
+func (mr *MR) Addr() uint64 { return mr.r.Addr() }
+
+// Len returns the region's length in bytes.
+func (mr *MR) Len() int { return mr.r.Len() }
+
+// Access returns the region's rights.
+func (mr *MR) Access() Access { return Access(mr.r.Access()) }
+
+// Bytes returns the region's memory when it is a single buffer, else nil.
+func (mr *MR) Bytes() []byte { return mr.r.Bytes() }
+
+// Buffers returns the region's buffers in tagged-offset order.
+func (mr *MR) Buffers() [][]byte { return mr.r.Buffers() }
+
+// Valid reports whether the region's STag is still valid: false once it
+// is deregistered or invalidated by a peer's Send with Invalidate.
+func (mr *MR) Valid() bool { return mr.r.Valid() }
+
+// InUse reports whether outstanding work requests (or a Prepared) pin the
+// region, so that Deregister would fail with ErrRegionBusy.
+func (mr *MR) InUse() bool { return mr.r.InUse() }
+
+// Placed returns the number of bytes peers have placed into the region
+// (RDMA Writes and Read Responses) since registration. It is updated
+// after the bytes are in memory, so a goroutine that sees it change may
+// read them: the way to receive a one-sided Write without a completion.
+func (mr *MR) Placed() uint64 { return mr.r.Placed() }
+
+// WaitPlaced waits, without polling, until Placed reaches n: to wait for
+// the next k bytes pass Placed()+k, read before the peer is told to
+// write. It returns nil once the bytes are in memory, ctx.Err() when ctx
+// ends first and ErrRegionInvalid when the region is deregistered or
+// invalidated meanwhile. A wait that cannot return at once costs one
+// small allocation.
+func (mr *MR) WaitPlaced(ctx context.Context, n uint64) error { return mr.r.WaitPlaced(ctx, n) }
+
+// Deregister removes the region: it fails with ErrRegionBusy while work
+// requests pin it (and ErrNotRegistered the second time), and once it
+// returns nil no peer or local access touches the memory again.
+func (mr *MR) Deregister() error { return mr.r.Deregister() }
+
+// STag is a steering tag: a 24-bit index and an 8-bit key.
+type STag uint32
+
+// Index returns the 24-bit STag index.
+func (s STag) Index() uint32 { return mem.STag(s).Index() }
+
+// Key returns the 8-bit consumer key.
+func (s STag) Key() uint8 { return mem.STag(s).Key() }
+
+func (s STag) String() string { return mem.STag(s).String() }
+
+// Access is a set of rights on a memory region.
+type Access uint8
+
+// Access rights.
+const (
+	LocalWrite       Access = 1 << iota // receives and Read sinks may write it
+	RemoteRead                          // peers may RDMA Read it
+	RemoteWrite                         // peers may RDMA Write it
+	RemoteInvalidate                    // a peer's Send with Invalidate may kill its STag
+)
+
+func (a Access) String() string { return mem.Access(a).String() }
