@@ -199,10 +199,14 @@ func (c *Client) Do(ctx context.Context, cl *Call) error {
 	}
 	m := appendCallHeader(s.msg[:0], s.id, timeout, cl.Method, s.handles[:len(cl.Refs)], len(cl.Arg))
 	m = append(m, cl.Arg...)
+	others := len(c.free) < len(c.slots)-1
+	if others {
+		setCallFlags(m, callMore)
+	}
 	s.sge[0] = gowarp.SGE{MR: c.sendMR, Offset: int(i) * c.maxMsg, Length: len(m)}
 	s.wr.ID = s.id
 	s.state.Store(slotWaiting)
-	if err := c.sends.post(c.qp, len(c.free) < len(c.slots)-1, s.wr); err != nil {
+	if err := c.sends.post(c.qp, others, s.wr); err != nil {
 		// Calls of other callers may have been in the batch: all fail.
 		c.fail(err)
 	}

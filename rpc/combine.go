@@ -25,6 +25,17 @@ type combiner struct {
 	posted func([]gowarp.SendWR)
 }
 
+// enqueue queues wrs for the next post, by whoever posts next.
+func (b *combiner) enqueue(wrs ...gowarp.SendWR) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failed != nil {
+		return b.failed
+	}
+	b.q = append(b.q, wrs...)
+	return nil
+}
+
 // post queues wrs and posts everything queued unless another goroutine is
 // posting already, in which case it posts them. With others set, more
 // posts are likely to come at once (other calls in flight): the poster

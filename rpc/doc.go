@@ -60,8 +60,12 @@
 // goroutine only if the handler has not returned within 50 µs. A call
 // with references gets a goroutine at once (its Reads need the poller).
 // Methods registered non-blocking (RegisterNonBlocking) skip the watchdog
-// and their replies leave in batches. A call by
-// value allocates nothing on the client.
+// and their replies leave in batches. A call sent while its client had
+// others in flight says so (a flag in its header), and the poller hands
+// the reply of such a call to the session's flusher goroutine instead of
+// writing it itself: it receives on meanwhile, and the replies of the
+// calls that come during one write share the next. A call by value
+// allocates nothing on the client.
 //
 // Deadlines travel with the call, so the server's handler context ends
 // when the caller's does; a caller that gives up also sends a cancel. A

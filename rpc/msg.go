@@ -32,6 +32,11 @@ const (
 	cancelLen      = 16
 	handleLen      = 40
 
+	// callMore, in a call's flags word, says the client had other calls
+	// in flight when it sent this one: more are likely to follow at once,
+	// so the server may gather its replies (see session.flusher).
+	callMore = 1
+
 	// MaxRefs is the most handles one call may carry.
 	MaxRefs = 8
 	// maxMethod bounds a method name.
@@ -92,6 +97,7 @@ func ParseHandle(b []byte) (Handle, int, error) {
 type callMsg struct {
 	ID      uint64
 	Timeout uint32 // µs the caller will still wait, 0 for no deadline
+	More    bool   // the callMore flag
 	Method  []byte
 	refs    []byte // NRefs handles of handleLen bytes
 	NRefs   int
@@ -125,6 +131,9 @@ func appendCallHeader(b []byte, id uint64, timeout uint32, method string, refs [
 	return b
 }
 
+// setCallFlags sets the flags word of the call message m.
+func setCallFlags(m []byte, flags uint32) { binary.BigEndian.PutUint32(m[20:], flags) }
+
 // parseCall decodes a call message; it checks every length before it
 // reads and the whole message is accounted for.
 func parseCall(b []byte) (callMsg, error) {
@@ -140,9 +149,11 @@ func parseCall(b []byte) (callMsg, error) {
 	al := uint64(binary.BigEndian.Uint32(b[4:]))
 	c.ID = binary.BigEndian.Uint64(b[8:])
 	c.Timeout = binary.BigEndian.Uint32(b[16:])
-	if r := binary.BigEndian.Uint32(b[20:]); r != 0 {
-		return c, fmt.Errorf("%w: reserved word %#x", ErrMalformed, r)
+	flags := binary.BigEndian.Uint32(b[20:])
+	if flags&^callMore != 0 {
+		return c, fmt.Errorf("%w: call flags %#x", ErrMalformed, flags)
 	}
+	c.More = flags&callMore != 0
 	if c.NRefs > MaxRefs {
 		return c, fmt.Errorf("%w: %d handles, at most %d", ErrMalformed, c.NRefs, MaxRefs)
 	}

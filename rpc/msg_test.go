@@ -22,6 +22,14 @@ func TestCallRoundTrip(t *testing.T) {
 	if h := m.Ref(0); h != (Handle{STag: 0x1234, Writable: true, Addr: 4096, Len: 100, Session: 7, Call: 0x10002}) {
 		t.Fatalf("handle %+v", h)
 	}
+	if m.More {
+		t.Fatal("more calls in flight, flag not set")
+	}
+	b := sampleCall()
+	setCallFlags(b, callMore)
+	if m, err := parseCall(b); err != nil || !m.More {
+		t.Fatalf("flag set: %+v %v", m, err)
+	}
 }
 
 func TestParseCallRejects(t *testing.T) {
@@ -31,7 +39,7 @@ func TestParseCallRejects(t *testing.T) {
 		"kind":           func(b []byte) []byte { b[0] = kindReply; return b },
 		"too many refs":  func(b []byte) []byte { b[1] = MaxRefs + 1; return b },
 		"no method":      func(b []byte) []byte { b[2], b[3] = 0, 0; return b },
-		"reserved":       func(b []byte) []byte { b[23] = 1; return b },
+		"reserved":       func(b []byte) []byte { b[22] = 1; return b },
 		"length short":   func(b []byte) []byte { return b[:len(b)-1] },
 		"length long":    func(b []byte) []byte { return append(b, 0) },
 		"handle flags":   func(b []byte) []byte { b[callHeaderLen+6+7] = 2; return b },
@@ -88,6 +96,9 @@ func FuzzMessages(f *testing.F) {
 				refs[i] = m.Ref(i)
 			}
 			e := appendCallHeader(nil, m.ID, m.Timeout, string(m.Method), refs, len(m.Arg))
+			if m.More {
+				setCallFlags(e, callMore)
+			}
 			if e = append(e, m.Arg...); !bytes.Equal(e, b) {
 				t.Fatalf("call re-encodes as %x, was %x", e, b)
 			}

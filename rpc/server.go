@@ -172,7 +172,12 @@ type session struct {
 	lead   chan struct{}
 	spares atomic.Int32    // goroutines waiting to take the poller's role
 	batch  []gowarp.SendWR // replies of non-blocking handlers, one doorbell
-	next   *ServerCall     // a call the poller runs itself, after handing its role on
+	// batchMore says a call of the batch was sent with others in flight:
+	// the batch goes to the flusher (see flusher).
+	batchMore bool
+	// kick wakes the flusher.
+	kick chan struct{}
+	next *ServerCall // a call the poller runs itself, after handing its role on
 	// inline is a generation<<2 | state of the call the poller runs
 	// itself; the watchdog starts a new poller if it runs too long. The
 	// watchdog is a timer that re-arms itself while calls keep coming
@@ -244,7 +249,7 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 	}
 	n := min(int(h.Slots), s.opts.Slots)
 	msg := min(int(h.MaxMessage), s.opts.MaxMessage)
-	x := &session{srv: s, id: rand.Uint64() | 1, pd: s.dev.AllocPD(), maxMsg: msg, gone: make(chan struct{}), lead: make(chan struct{}, 1)}
+	x := &session{srv: s, id: rand.Uint64() | 1, pd: s.dev.AllocPD(), maxMsg: msg, gone: make(chan struct{}), lead: make(chan struct{}, 1), kick: make(chan struct{}, 1)}
 	x.ctx, x.cancel = context.WithCancelCause(context.Background())
 	x.sends.posted = x.posted
 	nrecv := n + cancelCredits
@@ -301,8 +306,44 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 	x.watchdog = time.AfterFunc(time.Hour, x.handOff)
 	x.watchdog.Stop()
 	x.lead <- struct{}{}
-	x.wg.Add(1)
+	x.wg.Add(2)
 	go x.poll(false)
+	go x.flusher()
+	return nil
+}
+
+// flusher posts the replies the poller queued for it. The engine receives
+// one message per poll of the completion queue, so a poller that posted
+// the reply of each call itself made one write per call however many
+// calls came at once; handing the post to this goroutine lets the poller
+// go on receiving meanwhile, and the replies of calls that arrive during
+// a write share the next one. Only calls sent with others in flight
+// (callMore) come here: a lone call's reply leaves at once, without the
+// hand-off.
+func (x *session) flusher() {
+	defer x.wg.Done()
+	for {
+		select {
+		case <-x.kick:
+		case <-x.ctx.Done():
+			return
+		}
+		if err := x.sends.post(x.qp, false); err != nil {
+			x.close(err)
+			return
+		}
+	}
+}
+
+// postLater queues replies for the flusher.
+func (x *session) postLater(wrs ...gowarp.SendWR) error {
+	if err := x.sends.enqueue(wrs...); err != nil {
+		return err
+	}
+	select {
+	case x.kick <- struct{}{}:
+	default:
+	}
 	return nil
 }
 
@@ -376,7 +417,15 @@ func (x *session) poll(spare bool) {
 			}
 		}
 		if len(x.batch) > 0 {
-			if err := x.flush(); err != nil {
+			var err error
+			if x.batchMore {
+				err = x.postLater(x.batch...)
+				clear(x.batch)
+				x.batch, x.batchMore = x.batch[:0], false
+			} else {
+				err = x.flush()
+			}
+			if err != nil {
 				x.close(err)
 				return
 			}
@@ -388,6 +437,7 @@ func (x *session) poll(spare bool) {
 			x.next = nil
 			g := x.inline.Load()>>2 + 1
 			x.watch(g)
+			c.onPoller = true
 			if !c.run(false, g) {
 				return // the watchdog started another poller
 			}
@@ -538,7 +588,7 @@ func (x *session) awaitReply(c *ServerCall) error {
 func (x *session) flush() error {
 	err := x.sends.post(x.qp, false, x.batch...)
 	clear(x.batch)
-	x.batch = x.batch[:0]
+	x.batch, x.batchMore = x.batch[:0], false
 	return err
 }
 
@@ -586,6 +636,9 @@ type ServerCall struct {
 	// another goroutine), but only a client that sends into the slot
 	// before its reply came can see that reply changed: its own.
 	replying atomic.Bool
+	// onPoller says the poller runs the call itself: its reply goes to
+	// the flusher if the client has more calls in flight.
+	onPoller bool
 	id       uint64
 	recv     int // the receive buffer holding the call
 	msg      callMsg
@@ -737,9 +790,19 @@ func (c *ServerCall) finish(err error, status uint8, onPoll bool) {
 	}
 	if onPoll {
 		x.batch = append(x.batch, c.wr)
+		x.batchMore = x.batchMore || c.msg.More
 		return
 	}
-	if err := x.sends.post(x.qp, x.active.Add(-1) > 0, c.wr); err != nil {
-		x.close(err)
+	others := x.active.Add(-1) > 0
+	later := c.onPoller && c.msg.More
+	c.onPoller = false
+	var perr error
+	if later {
+		perr = x.postLater(c.wr)
+	} else {
+		perr = x.sends.post(x.qp, others, c.wr)
+	}
+	if perr != nil {
+		x.close(perr)
 	}
 }
