@@ -3,6 +3,7 @@ package engine
 import (
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -11,8 +12,11 @@ import (
 
 // fdLink drives a TCP socket through its raw descriptor: scatter reads that
 // land payload straight in registered memory, gathered non-blocking writes,
-// and the kernel's send-queue counters. The iovec arrays and the callbacks
-// handed to syscall.RawConn are built once, so no call allocates.
+// and the kernel's send-queue counters. The callbacks handed to
+// syscall.RawConn are built once, the read's iovec array grows to the most
+// vectors a read has had (a few: see rxState), and a write borrows its
+// arrays from a pool for the system call, so no call allocates in steady
+// state and an idle link holds no write arrays.
 type fdLink struct {
 	c  net.Conn
 	rc syscall.RawConn
@@ -46,7 +50,7 @@ func NewLink(c net.Conn) Link {
 	if err != nil {
 		return &streamLink{c: c}
 	}
-	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, maxIov), wiov: make([]unix.Iovec, 0, maxIov), wmsg: make([]mmsghdr, 0, maxIov)}
+	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov)}
 	l.rfunc, l.wfunc, l.ofunc, l.mfunc = l.doRead, l.doWrite, l.doOutq, l.doMSS
 	_ = rc.Control(l.mfunc)
 	return l
@@ -83,7 +87,14 @@ func (l *fdLink) doRead(fd uintptr) bool {
 	return true
 }
 
+// minReadIov is the read iovec array's first size: a read into the
+// staging buffer takes one vector, a payload's a few more.
+const minReadIov = 4
+
 func (l *fdLink) Readv(bufs [][]byte) (int, error) {
+	if len(bufs) > cap(l.riov) && cap(l.riov) < maxIov {
+		l.riov = make([]unix.Iovec, 0, min(len(bufs), maxIov))
+	}
 	l.riov = fillIov(l.riov, bufs)
 	if len(l.riov) == 0 {
 		return 0, nil
@@ -130,9 +141,21 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 	return true
 }
 
+// writeVecs are the arrays of one sendmmsg at its largest (80 KiB),
+// borrowed from writeVecPool for the call.
+type writeVecs struct {
+	iov [maxIov]unix.Iovec
+	msg [maxIov]mmsghdr
+}
+
+var writeVecPool = sync.Pool{New: func() any { return new(writeVecs) }}
+
 // Writev sends bufs as records, all in one system call.
 func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
-	l.wiov, l.wmsg = l.wiov[:0], l.wmsg[:0]
+	v := writeVecPool.Get().(*writeVecs)
+	defer writeVecPool.Put(v)
+	l.wiov, l.wmsg = v.iov[:0], v.msg[:0]
+	defer func() { l.wiov, l.wmsg = nil, nil }()
 	msg, r := 0, 0 // first vector of the open message; next record end
 	for i, b := range bufs {
 		for r < len(records) && records[r] <= i {

@@ -580,8 +580,8 @@ func (q *QP) kickAsyncLocked() {
 // handTxLocked passes the held transmit role to the transmit goroutine.
 func (q *QP) handTxLocked() {
 	if q.txGone {
-		// No one will write the batch: let its regions go.
-		q.tx.unholdAll()
+		// No one will write the batch: let its regions and arrays go.
+		q.tx.drop()
 		return
 	}
 	q.txHanded = true
@@ -605,7 +605,7 @@ func (q *QP) txLoop() {
 		q.mu.Lock()
 		q.txGone = true
 		if q.txHanded {
-			q.tx.unholdAll() // a batch handed over that no one will write
+			q.tx.drop() // a batch handed over that no one will write
 		}
 		q.mu.Unlock()
 	}()

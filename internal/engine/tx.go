@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
@@ -33,6 +34,10 @@ type txState struct {
 	link Link
 	crc  bool
 
+	// bufs backs iov, recs, holds and arena while the queue pair has a
+	// batch (see take): a queue pair that is not transmitting holds none
+	// of their quarter of a megabyte.
+	bufs  *txBufs
 	iov   [][]byte
 	first int // first vector not fully written
 	// recs are the indexes in iov, counted from recBase, where records end
@@ -90,12 +95,57 @@ type txState struct {
 // inside segments there (see place).
 const alignMaxSeg = 16 << 10
 
+// txBufs are the arrays of one batch at their largest. They are pooled:
+// the transmit path borrows them to build a batch and gives them back when
+// it has nothing left to send, so thousands of idle queue pairs share the
+// few that the batches in flight at any moment need. A sync.Pool keeps them
+// per P, so a post takes and gives back one without a lock or an
+// allocation; one used at every GC cycle survives it.
+type txBufs struct {
+	iov   [][]byte
+	recs  []int
+	holds []*mem.Region
+	arena []byte
+}
+
+var txPool = sync.Pool{New: func() any {
+	return &txBufs{
+		iov:   make([][]byte, 0, maxIov),
+		recs:  make([]int, 0, maxIov),
+		holds: make([]*mem.Region, 0, maxIov),
+		arena: make([]byte, 0, txArena),
+	}
+}}
+
+// take borrows the batch's arrays, if it has none; the caller holds the
+// transmit role.
+func (t *txState) take() {
+	if t.bufs != nil {
+		return
+	}
+	b := txPool.Get().(*txBufs)
+	t.bufs = b
+	t.iov, t.recs, t.holds, t.arena = b.iov[:0], b.recs[:0], b.holds[:0], b.arena[:0]
+	t.first, t.left, t.lastEnd = 0, 0, -1
+}
+
+// drop ends the batch's holds and gives its arrays back: it is written,
+// or will never be. The caller holds the transmit role, or it was handed
+// to a transmit goroutine that has ended.
+func (t *txState) drop() {
+	t.unholdAll()
+	b := t.bufs
+	if b == nil {
+		return
+	}
+	clear(t.iov) // drop the references to registered memory
+	t.bufs, t.iov, t.recs, t.holds, t.arena = nil, nil, nil, nil, nil
+	t.first, t.left, t.lastEnd = 0, 0, -1
+	txPool.Put(b)
+}
+
 func (t *txState) init(q *QP, l Link) {
 	t.q, t.link, t.crc = q, l, q.params.CRC
-	t.iov = make([][]byte, 0, maxIov)
-	t.recs = make([]int, 0, maxIov)
-	t.holds = make([]*mem.Region, 0, maxIov)
-	t.arena = make([]byte, 0, txArena)
 	t.lastEnd = -1
 	mss := l.MSS()
 	t.recMax, t.mssNext = recLimit(mss), mssEvery
@@ -141,10 +191,12 @@ func (q *QP) transmit(block bool) {
 	for {
 		if t.left == 0 {
 			t.unholdAll()
+			t.take()
 			q.mu.Lock()
 			q.markSentLocked()
 			if t.termSent {
 				t.termSent = false
+				t.drop()
 				q.releaseTxLocked()
 				q.mu.Unlock()
 				q.link.Close()
@@ -153,6 +205,7 @@ func (q *QP) transmit(block bool) {
 			}
 			t.build()
 			if t.left == 0 {
+				t.drop()
 				closeLink := q.releaseTxLocked()
 				q.mu.Unlock()
 				if closeLink {
@@ -176,8 +229,8 @@ func (q *QP) transmit(block bool) {
 				q.mu.Unlock()
 				return
 			}
-			t.left, t.termSent = 0, false
-			t.unholdAll()
+			t.termSent = false
+			t.drop()
 			q.mu.Lock()
 			q.termPending = nil // a Terminate queued meanwhile cannot leave
 			closeLink := q.releaseTxLocked()
