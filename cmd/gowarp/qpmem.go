@@ -176,24 +176,26 @@ func measureQPMem(ctx context.Context, c qpmemConfig) (*qpmemReport, error) {
 	defer cancel()
 	dev := gowarp.Open()
 	pd := dev.AllocPD()
-	// The memory every queue pair writes from and into, and its Sends':
-	// shared, so the figures are the queue pairs' own.
+	// The memory the queue pairs send from, and, for each worker, the
+	// memory its pairs' Writes and Sends land in: shared, so the figures
+	// are the queue pairs' own.
 	src, err := pd.Register(make([]byte, c.size), gowarp.LocalWrite)
-	if err != nil {
-		return nil, err
-	}
-	dst, err := pd.Register(make([]byte, c.size), gowarp.LocalWrite|gowarp.RemoteWrite)
-	if err != nil {
-		return nil, err
-	}
-	small, err := pd.Register(make([]byte, 128), gowarp.LocalWrite)
 	if err != nil {
 		return nil, err
 	}
 	workers := min(c.workers, c.qps/2)
 	cqs := make([]*gowarp.CQ, workers)
+	sinks := make([]qpmemSinks, workers)
 	for i := range cqs {
 		cqs[i] = dev.NewCQ(64)
+		for k := range 2 {
+			if sinks[i].dst[k], err = pd.Register(make([]byte, c.size), gowarp.LocalWrite|gowarp.RemoteWrite); err != nil {
+				return nil, err
+			}
+			if sinks[i].recv[k], err = pd.Register(make([]byte, 64), gowarp.LocalWrite); err != nil {
+				return nil, err
+			}
+		}
 	}
 	ln, err := dev.Listen("127.0.0.1:0")
 	if err != nil {
@@ -278,7 +280,7 @@ func measureQPMem(ctx context.Context, c qpmemConfig) (*qpmemReport, error) {
 	r.Idle = sampleMem()
 
 	err = forPairs(workers, len(pairs), func(w, i int) error {
-		return qpmemTraffic(ctx, cqs[w], pairs[i], src, dst, small)
+		return qpmemTraffic(ctx, cqs[w], pairs[i], src, &sinks[w])
 	})
 	if err != nil {
 		return nil, err
@@ -310,19 +312,27 @@ func forPairs(w, n int, f func(w, i int) error) error {
 	return errors.Join(errs...)
 }
 
-// qpmemTraffic has both queue pairs of p Write src to the other's dst and
+// qpmemSinks is where a worker's pairs' Writes and Sends land: in dst[k]
+// and recv[k] those to the pair's queue pair k.
+type qpmemSinks struct {
+	dst, recv [2]*gowarp.MR
+}
+
+// qpmemTraffic has both queue pairs of p Write src to the other's sink and
 // Send 64 bytes, which the other receives, and waits for the six
 // completions on cq, which only this goroutine polls.
-func qpmemTraffic(ctx context.Context, cq *gowarp.CQ, p qpmemPair, src, dst, small *gowarp.MR) error {
-	for _, q := range []*gowarp.QP{p.a, p.b} {
-		if err := q.PostRecv(&gowarp.RecvWR{ID: 3, SGL: []gowarp.SGE{{MR: small, Offset: 64, Length: 64}}}); err != nil {
+func qpmemTraffic(ctx context.Context, cq *gowarp.CQ, p qpmemPair, src *gowarp.MR, s *qpmemSinks) error {
+	qps := [2]*gowarp.QP{p.a, p.b}
+	for k, q := range qps {
+		if err := q.PostRecv(&gowarp.RecvWR{ID: 3, SGL: []gowarp.SGE{{MR: s.recv[k], Length: 64}}}); err != nil {
 			return err
 		}
 	}
-	for _, q := range []*gowarp.QP{p.a, p.b} {
+	for k, q := range qps {
+		dst := s.dst[1-k]
 		wrs := []gowarp.SendWR{
 			{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: src.Len()}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
-			{ID: 2, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: small, Length: 64}}},
+			{ID: 2, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: min(64, src.Len())}}},
 		}
 		if _, err := q.PostSendList(wrs); err != nil {
 			return err

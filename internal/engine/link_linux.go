@@ -3,7 +3,6 @@ package engine
 import (
 	"io"
 	"net"
-	"sync"
 	"syscall"
 	"unsafe"
 
@@ -14,8 +13,8 @@ import (
 // land payload straight in registered memory, gathered non-blocking writes,
 // and the kernel's send-queue counters. The callbacks handed to
 // syscall.RawConn are built once, the read's iovec array grows to the most
-// vectors a read has had (a few: see rxState), and a write borrows its
-// arrays from a pool for the system call, so no call allocates in steady
+// vectors a read has had (a few: see rxState), and a write takes its
+// arrays from a free list for the system call, so no call allocates in steady
 // state and an idle link holds no write arrays.
 type fdLink struct {
 	c  net.Conn
@@ -142,18 +141,18 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 }
 
 // writeVecs are the arrays of one sendmmsg at its largest (80 KiB),
-// borrowed from writeVecPool for the call.
+// taken from writeVecFree for the call (see freeList).
 type writeVecs struct {
 	iov [maxIov]unix.Iovec
 	msg [maxIov]mmsghdr
 }
 
-var writeVecPool = sync.Pool{New: func() any { return new(writeVecs) }}
+var writeVecFree = newFreeList(func() *writeVecs { return new(writeVecs) })
 
 // Writev sends bufs as records, all in one system call.
 func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
-	v := writeVecPool.Get().(*writeVecs)
-	defer writeVecPool.Put(v)
+	v := writeVecFree.get()
+	defer writeVecFree.put(v)
 	l.wiov, l.wmsg = v.iov[:0], v.msg[:0]
 	defer func() { l.wiov, l.wmsg = nil, nil }()
 	msg, r := 0, 0 // first vector of the open message; next record end

@@ -71,15 +71,18 @@ func TestIdleQPHoldsNoBuffers(t *testing.T) {
 		r := newTCPRig(t, Params{CRC: crc, IRD: 4, ORD: 4, MaxFPDU: 1000})
 		const size = 64 << 10
 		src, _ := r.reg(t, size, 0)
-		dst, _ := r.reg(t, size, mem.RemoteWrite|mem.RemoteRead|mem.LocalWrite)
-		back, _ := r.reg(t, size, mem.LocalWrite)
-		recv, _ := r.reg(t, size, mem.LocalWrite)
-		for _, q := range []*QP{r.a, r.b} {
+		// Each side's own memory: the peer's Write and Send land in it.
+		var dsts [2]*mem.Region
+		for i, q := range []*QP{r.a, r.b} {
+			dsts[i], _ = r.reg(t, size, mem.RemoteWrite|mem.RemoteRead|mem.LocalWrite)
+			recv, _ := r.reg(t, size, mem.LocalWrite)
 			if err := q.PostRecv(&RecvWR{ID: 9, SGL: []SGE{{MR: recv, Length: size}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		for _, q := range []*QP{r.a, r.b} {
+		for i, q := range []*QP{r.a, r.b} {
+			dst := dsts[1-i]
+			back, _ := r.reg(t, size, mem.LocalWrite)
 			for _, wr := range []SendWR{
 				{ID: 1, Op: OpWrite, Flags: Signaled, SGL: []SGE{{MR: src, Length: size / 2}, {MR: src, Offset: size / 2, Length: size / 2}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
 				{ID: 2, Op: OpRead, Flags: Signaled, SGL: []SGE{{MR: back, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
@@ -35,8 +34,7 @@ type txState struct {
 	crc  bool
 
 	// bufs backs iov, recs, holds and arena while the queue pair has a
-	// batch (see take): a queue pair that is not transmitting holds none
-	// of their quarter of a megabyte.
+	// batch (see take): a queue pair that is not transmitting holds none.
 	bufs  *txBufs
 	iov   [][]byte
 	first int // first vector not fully written
@@ -95,12 +93,9 @@ type txState struct {
 // inside segments there (see place).
 const alignMaxSeg = 16 << 10
 
-// txBufs are the arrays of one batch at their largest. They are pooled:
-// the transmit path borrows them to build a batch and gives them back when
-// it has nothing left to send, so thousands of idle queue pairs share the
-// few that the batches in flight at any moment need. A sync.Pool keeps them
-// per P, so a post takes and gives back one without a lock or an
-// allocation; one used at every GC cycle survives it.
+// txBufs are the arrays of one batch at their largest (104 KiB). The
+// transmit path takes them to build a batch and gives them back when it
+// has nothing left to send (see freeList).
 type txBufs struct {
 	iov   [][]byte
 	recs  []int
@@ -108,14 +103,14 @@ type txBufs struct {
 	arena []byte
 }
 
-var txPool = sync.Pool{New: func() any {
+var txFree = newFreeList(func() *txBufs {
 	return &txBufs{
 		iov:   make([][]byte, 0, maxIov),
 		recs:  make([]int, 0, maxIov),
 		holds: make([]*mem.Region, 0, maxIov),
 		arena: make([]byte, 0, txArena),
 	}
-}}
+})
 
 // take borrows the batch's arrays, if it has none; the caller holds the
 // transmit role.
@@ -123,7 +118,7 @@ func (t *txState) take() {
 	if t.bufs != nil {
 		return
 	}
-	b := txPool.Get().(*txBufs)
+	b := txFree.get()
 	t.bufs = b
 	t.iov, t.recs, t.holds, t.arena = b.iov[:0], b.recs[:0], b.holds[:0], b.arena[:0]
 	t.first, t.left, t.lastEnd = 0, 0, -1
@@ -141,7 +136,7 @@ func (t *txState) drop() {
 	clear(t.iov) // drop the references to registered memory
 	t.bufs, t.iov, t.recs, t.holds, t.arena = nil, nil, nil, nil, nil
 	t.first, t.left, t.lastEnd = 0, 0, -1
-	txPool.Put(b)
+	txFree.put(b)
 }
 
 func (t *txState) init(q *QP, l Link) {
