@@ -20,7 +20,7 @@ import (
 	"time"
 )
 
-var examples = []string{"sendrecv", "readbuf", "writenotify", "sharedcq"}
+var examples = []string{"sendrecv", "readbuf", "writenotify", "sharedcq", "tlswrite"}
 
 var (
 	buildFlags []string // more flags for go build
@@ -277,6 +277,31 @@ func TestSharedCQ(t *testing.T) {
 		t.Fatalf("server exit %d:\n%s", code, sout)
 	}
 	contains(t, "server", sout, `"client 0 here"`, `"client 1 here"`, `"client 2 here"`, `"sendrecv here"`, "served 4 clients from one CQ")
+}
+
+// TestTLSWrite: Write, Read and Send over a TLS connection the example
+// opens itself (ConnectConn, ListenOn); the server first drops a client
+// that speaks gowarp without TLS and a TLS client that does not trust its
+// certificate, each of which fails saying why, and serves the next.
+func TestTLSWrite(t *testing.T) {
+	dir := t.TempDir()
+	cert := filepath.Join(dir, "cert.pem")
+	srv, port := server(t, "tlswrite", "-certout", cert)
+	code, out := start(t, "sendrecv", "client", "-p", port, "-timeout", "20s").wait(t)
+	if code != 1 {
+		t.Errorf("plain client of the TLS server: exit %d, %q; want 1", code, out)
+	}
+	code, out = start(t, "tlswrite", "client", "-p", port).wait(t) // the system's roots
+	if code != 1 || !strings.Contains(out, "certificate") {
+		t.Errorf("client not trusting the server: exit %d, %q; want 1 and why", code, out)
+	}
+	out = run(t, "tlswrite", "client", "-p", port, "-ca", cert, "-text", "sealed and placed")
+	contains(t, "client", out, "wrote 17 bytes over TLS and read them back")
+	code, sout := srv.wait(t)
+	if code != 0 {
+		t.Fatalf("server exit %d:\n%s", code, sout)
+	}
+	contains(t, "server", sout, `wrote 17 bytes over TLS: "sealed and placed"`)
 }
 
 // TestExamplesFailClearly: -h exits 0 listing the flags, usage errors exit 2, a client with no server
