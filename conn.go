@@ -3,6 +3,7 @@ package gowarp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 
@@ -178,6 +179,30 @@ func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 	r, err := l.l.Accept(ctx)
 	if err != nil {
 		return nil, err
+	}
+	return &ConnRequest{r: r}, nil
+}
+
+// ReadConnRequest reads the MPA request a connecting peer sends on c, a
+// connection the caller accepted itself (from a listener gowarp does not
+// own, one end of a socket pair, an in-memory pipe): the passive side of
+// ConnectConn, one connection at a time. The request owns c from the call
+// on: Accept hands it to a queue pair, Reject closes it, and so does a
+// failure here. A peer that sends no valid MPA request fails it with
+// ErrMPAProtocol (ErrMarkers, ErrMPARevision), one that closes with
+// io.ErrUnexpectedEOF, a silent one when ctx ends (5 s without a
+// deadline).
+func ReadConnRequest(ctx context.Context, c net.Conn) (*ConnRequest, error) {
+	cm.SetNoDelay(c)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cm.RequestTimeout)
+		defer cancel()
+	}
+	r, err := cm.ReadRequest(ctx, c)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("gowarp: connection request from %v: %w", c.RemoteAddr(), err)
 	}
 	return &ConnRequest{r: r}, nil
 }

@@ -423,3 +423,80 @@ func isReset(err error) bool {
 	var ne *net.OpError
 	return errors.As(err, &ne) && !ne.Timeout()
 }
+
+// TestReadConnRequestOverPipe: the passive side over one connection the
+// caller has, here an in-memory net.Pipe (no socket at all): ConnectConn
+// on one end, ReadConnRequest and Accept on the other, then Writes, Reads
+// and Sends both ways.
+func TestReadConnRequestOverPipe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p := &pair{dev: gowarp.Open()}
+	p.pd = p.dev.AllocPD()
+	p.acq, p.bcq = p.dev.NewCQ(64), p.dev.NewCQ(64)
+	var err error
+	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq}); err != nil {
+		t.Fatal(err)
+	}
+	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.a.Close(); p.b.Close() })
+	ca, cb := net.Pipe()
+	errc := make(chan error, 1)
+	go func() {
+		req, err := gowarp.ReadConnRequest(ctx, cb)
+		if err != nil {
+			errc <- err
+			return
+		}
+		if string(req.PrivateData()) != "over a pipe" {
+			errc <- errors.New("private data " + string(req.PrivateData()))
+			return
+		}
+		errc <- req.Accept(ctx, p.b, gowarp.ConnectOptions{CRC: true})
+	}()
+	if err := p.a.ConnectConn(ctx, ca, gowarp.ConnectOptions{PrivateData: []byte("over a pipe")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if !p.a.Params().CRC {
+		t.Fatal("CRC asked by the responder not settled")
+	}
+	exercise(t, p, []byte("piped"), 100000)
+	p.a, p.b, p.acq, p.bcq = p.b, p.a, p.bcq, p.acq
+	exercise(t, p, []byte("back"), 5000)
+}
+
+// TestReadConnRequestBadPeer: ReadConnRequest on a connection whose peer
+// speaks something else, hangs up or says nothing fails saying so, closes
+// the connection, and does not hang.
+func TestReadConnRequestBadPeer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		peer func(c net.Conn)
+		want error
+	}{
+		{"HTTP", func(c net.Conn) { io.WriteString(c, "GET / HTTP/1.1\r\nHost: gowarp\r\n\r\n") }, gowarp.ErrMPAProtocol},
+		{"a reply", func(c net.Conn) { io.WriteString(c, "MPA ID Rep Frame\x00\x02\x00\x00") }, gowarp.ErrMPAProtocol},
+		{"hangs up", func(c net.Conn) { io.WriteString(c, "MPA ID"); c.Close() }, io.ErrUnexpectedEOF},
+		{"silent", func(c net.Conn) {}, context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ca, cb := net.Pipe()
+			defer ca.Close()
+			go tc.peer(ca)
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err := gowarp.ReadConnRequest(ctx, cb)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("ReadConnRequest: %v, want %v", err, tc.want)
+			}
+			if _, err := cb.Write([]byte{0}); !errors.Is(err, io.ErrClosedPipe) {
+				t.Fatalf("connection left open: %v", err)
+			}
+		})
+	}
+}
