@@ -183,7 +183,9 @@ func TestRefBounds(t *testing.T) {
 // reply. Two calls per slot go out in one write, so that both often reach
 // the server's poller together: the reply of the first was still to be
 // posted from the slot's buffer when the second was accepted and
-// overwrote it (both replies then carried the second's id).
+// overwrote it (both replies then carried the second's id). Every other
+// try says more calls are in flight, so that the replies are the
+// flusher's to post.
 func TestCallBeforeItsSlotsReply(t *testing.T) {
 	_, _, addr := pair(t, Options{})
 	for try := range 50 {
@@ -205,6 +207,9 @@ func TestCallBeforeItsSlotsReply(t *testing.T) {
 			want[id] = arg
 			m := appendCallHeader(mem[k*defaultMsg:k*defaultMsg], id, 0, "echo.fast", nil, len(arg))
 			m = append(m, arg...)
+			if try%2 == 1 { // the replies go through the flusher
+				setCallFlags(m, callMore)
+			}
 			wrs = append(wrs, gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Offset: k * defaultMsg, Length: len(m)}}})
 		}
 		if _, err := r.qp.PostSendList(wrs); err != nil {
