@@ -135,6 +135,9 @@ func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error 
 // ends (or after 10 s if ctx has no deadline). Over a stream other than
 // TCP, Acked completes as Handed and FPDUs are not aligned to segments.
 func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) error {
+	if c == nil {
+		return fmt.Errorf("%w: ConnectConn with no connection", ErrBadConfig)
+	}
 	return connErr(qp.q.ConnectConn(ctx, c, engine.ConnectOptions(o)))
 }
 
@@ -160,7 +163,7 @@ func (d *Device) Listen(addr string) (*Listener, error) {
 // Unix socket's. The Listener owns ln from then on, and Close closes it.
 func (d *Device) ListenOn(ln net.Listener) (*Listener, error) {
 	if ln == nil {
-		return nil, errors.New("gowarp: ListenOn: nil listener")
+		return nil, fmt.Errorf("%w: ListenOn with no listener", ErrBadConfig)
 	}
 	return &Listener{l: cm.Listen(ln, d.log)}, nil
 }
@@ -193,6 +196,9 @@ func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 // io.ErrUnexpectedEOF, a silent one when ctx ends (5 s without a
 // deadline).
 func ReadConnRequest(ctx context.Context, c net.Conn) (*ConnRequest, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: ReadConnRequest with no connection", ErrBadConfig)
+	}
 	cm.SetNoDelay(c)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

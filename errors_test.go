@@ -58,6 +58,22 @@ func TestErrorsMatchFromRoot(t *testing.T) {
 			_, err := p.pd.NewQP(gowarp.QPConfig{})
 			return err
 		}},
+		{"ConnectConn without a connection", gowarp.ErrBadConfig, func() error {
+			qp, err := p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq})
+			if err != nil {
+				return err
+			}
+			defer qp.Close()
+			return qp.ConnectConn(ctx, nil, gowarp.ConnectOptions{})
+		}},
+		{"ListenOn without a listener", gowarp.ErrBadConfig, func() error {
+			_, err := p.dev.ListenOn(nil)
+			return err
+		}},
+		{"ReadConnRequest without a connection", gowarp.ErrBadConfig, func() error {
+			_, err := gowarp.ReadConnRequest(ctx, nil)
+			return err
+		}},
 		{"Deregister twice", gowarp.ErrNotRegistered, func() error {
 			mr, _ := p.reg(t, 8, 0)
 			if err := mr.Deregister(); err != nil {

@@ -77,7 +77,8 @@ var (
 	// ErrBadState: Connect, Accept or a similar call on a queue pair in
 	// the wrong state (Connect on one already connected, say).
 	ErrBadState = engine.ErrBadState
-	// ErrBadConfig: NewQP was given an unusable QPConfig.
+	// ErrBadConfig: NewQP was given an unusable QPConfig, or ConnectConn,
+	// ListenOn or ReadConnRequest no connection or listener.
 	ErrBadConfig = engine.ErrBadConfig
 	// ErrRegionBusy: Deregister of a region that outstanding work uses.
 	ErrRegionBusy = mem.ErrBusy
