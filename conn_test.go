@@ -167,7 +167,8 @@ func exercise(t *testing.T, p *pair, pattern []byte, n int) {
 // TestOverTLS: a queue pair connected with ConnectConn over a crypto/tls
 // connection to a Listener made by ListenOn over a tls.Listener carries
 // Writes, Reads and Sends, both ways of CRC, and what goes over TCP is
-// TLS: the payload's pattern never appears on the wire in clear.
+// TLS: the payload's pattern never appears on the wire in clear. When the
+// TCP connection under TLS dies, the peer's queue pair fails.
 func TestOverTLS(t *testing.T) {
 	srvConf, cliConf := testTLS(t)
 	pattern := []byte("gowarp-in-the-clear-would-show-this!")
@@ -195,6 +196,19 @@ func TestOverTLS(t *testing.T) {
 		}
 		if bytes.Contains(wire, pattern[:16]) {
 			t.Fatal("payload in clear on the wire")
+		}
+		// The TCP connection under the client's TLS dies: the server's
+		// queue pair fails and flushes its receive, it does not hang.
+		rmr, _ := p.reg(t, 64, gowarp.LocalWrite)
+		if err := p.b.PostRecv(&gowarp.RecvWR{ID: 77, SGL: []gowarp.SGE{{MR: rmr, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		tap.Conn.Close()
+		if c := wait(t, p.bcq); c.ID != 77 || c.Status != gowarp.WRFlushError {
+			t.Fatalf("server's receive after the client's TCP closed: %+v", c)
+		}
+		if err := p.b.Err(); !errors.Is(err, gowarp.ErrPeerClosed) && !errors.Is(err, gowarp.ErrLinkLost) {
+			t.Fatalf("server queue pair's error: %v", err)
 		}
 	}
 }
