@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"bytes"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -118,6 +120,115 @@ func TestIdleQPHoldsNoBuffers(t *testing.T) {
 			}
 			if cap(l.riov) > 2*MaxSGE+2 {
 				t.Errorf("crc %v: the read iovec array has %d entries, more than a read uses", crc, cap(l.riov))
+			}
+		}
+	}
+}
+
+// TestRingsGrow: a queue pair's work rings start small and grow as work
+// fills them, up to the depth asked for and no further, keeping every
+// request in order, also Reads whose responses are outstanding (the ORQ
+// points at their entries) while the ring moves.
+func TestRingsGrow(t *testing.T) {
+	r := newRig(t, 1000, -1, false) // depths 64, ORD 4
+	for _, q := range []*QP{r.a, r.b} {
+		q.mu.Lock()
+		ns, nr := len(q.sq), len(q.rq)
+		q.mu.Unlock()
+		if ns != ringStart || nr != ringStart {
+			t.Fatalf("a new queue pair's rings have %d and %d entries, want %d", ns, nr, ringStart)
+		}
+	}
+	const depth, size = 64, 300
+	src, sbuf := r.reg(t, depth*size, mem.RemoteRead)
+	back, bbuf := r.reg(t, depth*size, mem.LocalWrite)
+	clear(bbuf)
+	recv, rbuf := r.reg(t, depth*size, mem.LocalWrite)
+	clear(rbuf)
+	for i := range depth {
+		if err := r.b.PostRecv(&RecvWR{ID: uint64(1000 + i), SGL: []SGE{{MR: recv, Offset: i * size, Length: size}}}); err != nil {
+			t.Fatalf("receive %d: %v", i, err)
+		}
+	}
+	if err := r.b.PostRecv(&RecvWR{SGL: []SGE{{MR: recv, Length: size}}}); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("receive beyond the depth: %v, want ErrQueueFull", err)
+	}
+	// Reads of two SGEs each (two Read Requests, two ORQ entries) and
+	// Sends, alternately, all posted at once: the ring grows three times
+	// while the first Reads wait for their responses.
+	wrs := make([]SendWR, depth)
+	for i := range wrs {
+		if i%2 == 0 {
+			wrs[i] = SendWR{ID: uint64(i), Op: OpRead, Flags: Signaled, RemoteAddr: src.Addr() + uint64(i*size), RKey: uint32(src.STag()),
+				SGL: []SGE{{MR: back, Offset: i * size, Length: size / 2}, {MR: back, Offset: i*size + size/2, Length: size - size/2}}}
+		} else {
+			wrs[i] = SendWR{ID: uint64(i), Op: OpSend, Flags: Signaled, SGL: []SGE{{MR: src, Offset: i * size, Length: size}}}
+		}
+	}
+	for i := 0; i < depth; i += ringStart {
+		// In steps: a step finds the Reads of the last in the ORQ.
+		if n, err := r.a.PostSendList(wrs[i : i+ringStart]); n != ringStart || err != nil {
+			t.Fatalf("posted %d of %d: %v", i+n, depth, err)
+		}
+	}
+	for i := range depth {
+		if c := next(t, r.acq); c.ID != uint64(i) || c.Status != Success {
+			t.Fatalf("completion %d: %+v", i, c)
+		}
+	}
+	for i := range depth / 2 {
+		c := next(t, r.bcq)
+		if c.ID != uint64(1000+i) || c.Status != Success || c.Bytes != size {
+			t.Fatalf("receive %d: %+v", i, c)
+		}
+	}
+	for i := range depth {
+		k := i * size
+		if i%2 == 0 && !bytes.Equal(bbuf[k:k+size], sbuf[k:k+size]) {
+			t.Fatalf("Read %d: data differs", i)
+		}
+		if i%2 == 1 && !bytes.Equal(rbuf[(i/2)*size:(i/2+1)*size], sbuf[k:k+size]) {
+			t.Fatalf("Send %d: data differs", i)
+		}
+	}
+	r.a.mu.Lock()
+	ns := len(r.a.sq)
+	r.a.mu.Unlock()
+	r.b.mu.Lock()
+	nr := len(r.b.rq)
+	r.b.mu.Unlock()
+	if ns > depth || nr != depth {
+		t.Fatalf("rings of %d and %d entries after %d requests, want at most %d and %d", ns, nr, depth, depth, depth)
+	}
+}
+
+// TestGrowSQKeepsORQ: growing the send queue's ring moves its entries to
+// their places in the new ring, wrapped or not, and the ORQ's pointers
+// follow their Reads.
+func TestGrowSQKeepsORQ(t *testing.T) {
+	q := &QP{cfg: Config{SendDepth: 20}, sq: make([]sqEntry, 8), orq: make([]orqEntry, 4)}
+	q.sqHead, q.sqTail = 5, 13 // full, and wrapped
+	for i := q.sqHead; i < q.sqTail; i++ {
+		q.sq[i%8].wr.ID = i
+	}
+	q.orqHead, q.orqTail = 2, 6 // wrapped
+	reads := []uint64{6, 6, 9, 12}
+	for k, i := range reads {
+		q.orq[(2+k)%4].sq = &q.sq[i%8]
+	}
+	for _, want := range []int{16, 20} {
+		q.growSQLocked()
+		if len(q.sq) != want {
+			t.Fatalf("ring of %d entries, want %d", len(q.sq), want)
+		}
+		for i := q.sqHead; i < q.sqTail; i++ {
+			if id := q.sq[i%uint64(len(q.sq))].wr.ID; id != i {
+				t.Fatalf("ring of %d: entry %d holds %d", len(q.sq), i, id)
+			}
+		}
+		for k, i := range reads {
+			if o := q.orq[(2+k)%4].sq; o != &q.sq[i%uint64(len(q.sq))] {
+				t.Fatalf("ring of %d: ORQ entry %d points at the entry of %d, want %d", len(q.sq), k, o.wr.ID, i)
 			}
 		}
 	}

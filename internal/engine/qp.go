@@ -262,8 +262,8 @@ func NewQP(cfg Config) (*QP, error) {
 	q := &QP{
 		cfg:    cfg,
 		log:    cfg.Logger,
-		sq:     make([]sqEntry, cfg.SendDepth),
-		rq:     make([]rqEntry, cfg.RecvDepth),
+		sq:     make([]sqEntry, min(cfg.SendDepth, ringStart)),
+		rq:     make([]rqEntry, min(cfg.RecvDepth, ringStart)),
 		txWake: make(chan struct{}, 1),
 		rxFree: make(chan struct{}, 1),
 		rxTick: make(chan struct{}, 1),
@@ -453,11 +453,54 @@ func (q *QP) sqSlotLocked() (*sqEntry, error) {
 		return nil, ErrNotReady
 	}
 	if q.sqTail-q.sqHead == uint64(len(q.sq)) {
-		return nil, ErrQueueFull
+		if len(q.sq) == q.cfg.SendDepth {
+			return nil, ErrQueueFull
+		}
+		q.growSQLocked()
 	}
 	e := &q.sq[q.sqTail%uint64(len(q.sq))]
 	e.pre, e.nsge, e.endOff, e.framed, e.done, e.status, e.readsLeft, e.msn = nil, 0, 0, false, false, Success, 0, 0
 	return e, nil
+}
+
+// ringStart is the entries a work queue's ring starts with. A ring
+// doubles, up to the queue's depth, when work fills it, and keeps its size
+// from then on: at the default depth of 128 the full rings take 73 KiB
+// (an entry holds MaxSGE SGEs), which a queue pair that never has more
+// than a few requests outstanding need not carry (issue 7, item 5).
+const ringStart = 8
+
+// growSQLocked doubles the send queue's ring, up to its depth. Entries
+// keep their absolute indexes; the ORQ's pointers to its Reads' entries
+// follow them.
+func (q *QP) growSQLocked() {
+	old := q.sq
+	sq := make([]sqEntry, min(2*len(old), q.cfg.SendDepth))
+	for i := q.sqHead; i < q.sqTail; i++ {
+		sq[i%uint64(len(sq))] = old[i%uint64(len(old))]
+	}
+	for k := q.orqHead; k < q.orqTail; k++ {
+		o := &q.orq[k%uint64(len(q.orq))]
+		for i := q.sqHead; o.sq != nil && i < q.sqTail; i++ {
+			if o.sq == &old[i%uint64(len(old))] {
+				o.sq = &sq[i%uint64(len(sq))]
+				break
+			}
+		}
+	}
+	q.sq = sq
+}
+
+// growRQLocked doubles the receive queue's ring, up to its depth. The
+// receive path copies the entry it fills (rxState.recvWQE) and names it by
+// its absolute index, which stays.
+func (q *QP) growRQLocked() {
+	old := q.rq
+	rq := make([]rqEntry, min(2*len(old), q.cfg.RecvDepth))
+	for i := q.rqHead; i < q.rqTail; i++ {
+		rq[i%uint64(len(rq))] = old[i%uint64(len(old))]
+	}
+	q.rq = rq
 }
 
 // PostRecv queues a receive buffer. Receives may be posted before the
@@ -496,7 +539,10 @@ func (q *QP) postRecvLocked(wr *RecvWR) error {
 		return ErrNotReady
 	}
 	if q.rqTail-q.rqHead == uint64(len(q.rq)) {
-		return ErrQueueFull
+		if len(q.rq) == q.cfg.RecvDepth {
+			return ErrQueueFull
+		}
+		q.growRQLocked()
 	}
 	if err := pinSGEs(wr.SGL); err != nil {
 		return err
