@@ -12,10 +12,11 @@ import (
 )
 
 // Connection setup: one connection manager (internal/cm) does both sides'
-// TCP and MPA exchange and ends by starting the queue pair, whether gowarp
-// dials and listens itself (Connect, Listen) or runs over a stream the
-// caller already has (ConnectConn, ListenOn): a socket opened in another
-// network namespace, a TLS connection, any net.Conn.
+// TCP and MPA exchange, and the engine (connect.go) starts the queue pair
+// on what it settled, whether gowarp dials and listens itself (Connect,
+// Listen) or runs over a stream the caller already has (ConnectConn,
+// ListenOn, ReadConnRequest): a socket opened in another network
+// namespace, a TLS connection, any net.Conn.
 
 // Connection setup errors.
 var (
@@ -46,10 +47,20 @@ type RejectedError struct {
 	err         error // the connection manager's, wrapped
 }
 
-func (e *RejectedError) Error() string { return e.err.Error() }
+func (e *RejectedError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("%v (%d bytes of private data)", ErrRejected, len(e.PrivateData))
+	}
+	return e.err.Error()
+}
 
 // Unwrap returns the underlying error, which matches ErrRejected.
-func (e *RejectedError) Unwrap() error { return e.err }
+func (e *RejectedError) Unwrap() error {
+	if e.err == nil {
+		return ErrRejected
+	}
+	return e.err
+}
 
 // connErr gives a connection setup error the root package's types.
 func connErr(err error) error {

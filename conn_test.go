@@ -514,3 +514,12 @@ func TestReadConnRequestBadPeer(t *testing.T) {
 		})
 	}
 }
+
+// TestRejectedErrorZeroValue: a RejectedError made by the caller (as a
+// test double, say) still prints and matches ErrRejected.
+func TestRejectedErrorZeroValue(t *testing.T) {
+	e := &gowarp.RejectedError{PrivateData: []byte("no")}
+	if !errors.Is(e, gowarp.ErrRejected) || e.Error() == "" {
+		t.Fatalf("%q does not match ErrRejected", e.Error())
+	}
+}
