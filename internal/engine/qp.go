@@ -235,6 +235,7 @@ type QP struct {
 	waitDone <-chan struct{}
 	watched  atomic.Bool
 	rxSeen   uint64
+	rxDL     time.Time    // the read deadline the holder of the path last set
 	rxWakes  atomic.Int64 // times the receive goroutine woke to take the path (tests)
 	dcLooks  atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
 
@@ -321,19 +322,7 @@ func (q *QP) Start(link Link, p Params) error {
 		}
 		return fmt.Errorf("%w: cannot start a queue pair in state %s", ErrBadState, s)
 	}
-	p.IRD = min(max(p.IRD, 0), 128)
-	p.ORD = min(max(p.ORD, 0), 128)
-	q.params = p
-	q.link = link
-	q.orq = make([]orqEntry, p.ORD)
-	q.irq = make([]irqEntry, p.IRD)
-	q.tx.init(q, link)
-	q.rx.init(q)
-	if !p.HoldTx {
-		q.peerUp.Store(true)
-	}
-	q.abort = nil
-	q.state.Store(int32(StateReady))
+	q.readyLocked(link, p)
 	// Under mu: a Close (whose fail takes mu) either finds the queue pair
 	// idle and Start refusing, or waits for these goroutines.
 	q.wg.Add(2)
@@ -350,6 +339,25 @@ func (q *QP) Start(link Link, p Params) error {
 		q.kick()
 	}
 	return nil
+}
+
+// readyLocked sets the queue pair up over link with the negotiated
+// parameters and makes it ready, starting no goroutine: what Start does
+// before it starts the paths, and all the core tests need.
+func (q *QP) readyLocked(link Link, p Params) {
+	p.IRD = min(max(p.IRD, 0), 128)
+	p.ORD = min(max(p.ORD, 0), 128)
+	q.params = p
+	q.link = link
+	q.orq = make([]orqEntry, p.ORD)
+	q.irq = make([]irqEntry, p.IRD)
+	q.tx.init(q, link)
+	q.rx.init(q)
+	if !p.HoldTx {
+		q.peerUp.Store(true)
+	}
+	q.abort = nil
+	q.state.Store(int32(StateReady))
 }
 
 // nudgeLoop wakes a peer that may have missed what this side sent while

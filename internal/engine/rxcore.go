@@ -1,0 +1,758 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+
+	"github.com/gowarp/gowarp/internal/mem"
+	"github.com/gowarp/gowarp/wire"
+)
+
+// The receive core: the receive side of a queue pair's protocol, with no
+// I/O. The driver (rx.go) asks it where the next bytes of the stream go
+// (next), reads them from the link, and hands them over (advance); the
+// core parses, checks, places and acts on them, and can stop anywhere
+// (in a header, a payload or a trailer) and resume there, as siw's
+// receive state machine does. It touches the queue pair's protocol state
+// (queues, ORQ/IRQ, MSNs, regions, CQs), never a socket, a goroutine, a
+// deadline or a clock.
+
+const (
+	// rxStaging is the receive staging buffer: headers, trailers and small
+	// payloads land here; larger payload is read straight into place.
+	rxStaging = 64 << 10
+	// rxMinFree is the free space below which next moves what is staged
+	// to the staging buffer's start; more than anything the core waits to
+	// have whole (a Terminate FPDU) can need.
+	rxMinFree = 2 << 10
+	// directMin is the payload remainder from which the receive path reads
+	// straight into the target memory instead of through the staging buffer.
+	directMin = 2048
+	// maxHead is the longest DDP/RDMAP header plus body the parser needs
+	// at once: an untagged header and a Read Request body.
+	maxHead = wire.UntaggedHeaderLen + wire.ReadRequestLen
+	// inlineResponse is the largest Read Response the receive goroutine
+	// transmits itself (saving a wake-up of the transmit goroutine).
+	inlineResponse = 64 << 10
+	// maxTerminate bounds a received Terminate's ULPDU.
+	maxTerminate = 1024
+)
+
+// rxState is the receive core's state, driven by whoever holds the
+// receive path (rxMu).
+type rxState struct {
+	q    *QP
+	buf  []byte // staging; nil until first needed (takeStaging)
+	r, w int
+	crc  bool
+
+	iov    [][]byte // what next returned
+	direct bool     // iov starts with the payload's destination
+	dst    [][]byte // destination pieces of the current payload, consumed from the front
+	di     int      // dst[di] is the piece being filled
+
+	// The FPDU under way.
+	phase   rxPhase
+	head    [maxHead]byte
+	hlen    int // bytes of head in use
+	ulen    int // ULPDU length of the current FPDU
+	hdrLen  int // DDP/RDMAP header length (of a Terminate)
+	h       wire.Header
+	payload int    // its payload length
+	left    int    // payload bytes still to place
+	sum     uint32 // running CRC
+	first   bool   // the peer's first FPDU
+	region  *mem.Region
+	src     *mem.Region // a Read Request's source, held
+	rr      wire.ReadRequest
+	err     error // why the core stopped (phase rxDead)
+	fpdus   uint64 // FPDUs received whole
+	// paused: advance stopped at the end of an FPDU with more staged
+	// (see staged).
+	paused bool
+
+	// held are the regions dst lies in, each with a hold taken for the
+	// placement (see mem.Region.TryHold), so that a Deregister waits for
+	// it; nheld are in use.
+	held  [MaxSGE]*mem.Region
+	nheld int
+
+	msn [3]uint32 // next expected MSN per queue number
+
+	// The receive being filled by a Send: a copy of the WQE (a flush may
+	// clear the ring entry meanwhile), its index in the ring, progress and
+	// outcome.
+	recv       *rqEntry
+	recvWQE    rqEntry
+	recvIdx    uint64
+	recvBytes  int
+	recvMSN    uint32
+	recvStatus Status
+}
+
+func (r *rxState) init(q *QP) {
+	r.q, r.crc = q, q.params.CRC
+	r.iov = make([][]byte, 0, 2*MaxSGE+2)
+	r.dst = make([][]byte, 0, 2*MaxSGE)
+	r.msn = [3]uint32{1, 1, 1}
+}
+
+// fault is an error the receive path found in peer input: the Terminate
+// it calls for, and the status of the local receive it hits, if any.
+type fault struct {
+	term   *wire.TermError
+	status Status
+	detail string
+}
+
+func (f *fault) Error() string {
+	if f.detail != "" {
+		return f.term.Error() + " (" + f.detail + ")"
+	}
+	return f.term.Error()
+}
+
+func (f *fault) Unwrap() error { return f.term }
+
+func newFault(t *wire.TermError, format string, args ...any) *fault {
+	return &fault{term: t, detail: fmt.Sprintf(format, args...)}
+}
+
+// peerTerminate is a Terminate received from the peer.
+type peerTerminate struct{ t wire.Terminate }
+
+func (p *peerTerminate) Error() string { return p.t.Err.Error() }
+func (p *peerTerminate) Unwrap() error { return &p.t.Err }
+
+// rxPhase is where in an FPDU the receive core stands.
+type rxPhase uint8
+
+const (
+	rxHeader  rxPhase = iota // an FPDU's length and header, staged
+	rxPayload                // its payload, placed as it comes
+	rxTrailer                // pad and CRC, staged
+	rxTerm                   // a Terminate, staged whole
+	rxDead                   // failed: takes nothing more
+)
+
+// takeStaging returns the receive staging buffer, asked for the first
+// time the core needs somewhere to read. It is the one place the buffer
+// comes from, so that it can be taken on demand.
+func (q *QP) takeStaging() []byte { return make([]byte, rxStaging) }
+
+// next returns where the next bytes of the stream should be read: free
+// space in the staging buffer, or, while a large payload is being placed,
+// the target memory itself followed by staging space for the trailer and
+// the next FPDU's header. The vectors are valid until advance.
+func (r *rxState) next() [][]byte {
+	if r.buf == nil {
+		r.buf = r.q.takeStaging()
+	}
+	if r.r == r.w {
+		r.r, r.w = 0, 0
+	} else if len(r.buf)-r.w < rxMinFree {
+		// Less than a staged Terminate is pending (see run): room for
+		// the rest of it.
+		r.w = copy(r.buf, r.buf[r.r:r.w])
+		r.r = 0
+	}
+	r.iov = r.iov[:0]
+	if r.phase == rxPayload && r.left >= directMin && r.r == r.w {
+		// Read the rest of the payload in place, and with it the trailer
+		// and, likely, the next FPDU's header.
+		r.direct = true
+		r.iov = append(r.iov, r.dst[r.di:]...)
+		r.iov = append(r.iov, r.buf[:wire.MaxTrailerLen+2+maxHead])
+		return r.iov
+	}
+	r.direct = false
+	r.iov = append(r.iov, r.buf[r.w:])
+	return r.iov
+}
+
+// advance takes n bytes read into the vectors next gave and acts on what
+// they complete: it checks and places, completes work, queues Read
+// Requests for the transmit path. It stops wherever the bytes end, in the
+// middle of a header, a payload or a trailer, and resumes there with the
+// next call; or at the end of an FPDU, with more staged (see staged). An
+// error is final: a *fault found in the peer's input (answered with a
+// Terminate), a *peerTerminate, or net.ErrClosed when the queue pair
+// failed meanwhile.
+func (r *rxState) advance(n int) error {
+	r.paused = false
+	if n > 0 && !r.q.heard.Load() {
+		r.q.heard.Store(true) // the peer's queue pair is reading: no nudges (nudgeLoop)
+	}
+	if r.direct {
+		r.direct = false
+		k := n
+		for k > 0 && r.left > 0 {
+			d := r.dst[r.di]
+			if len(d) == 0 {
+				r.di++
+				continue
+			}
+			c := min(k, len(d))
+			if r.crc {
+				r.sum = wire.UpdateCRC32c(r.sum, d[:c])
+			}
+			r.dst[r.di] = d[c:]
+			k -= c
+			r.left -= c
+		}
+		r.w = k // what came after the payload, at the staging buffer's start
+	} else {
+		r.w += n
+	}
+	clear(r.iov)
+	if r.phase == rxDead {
+		return r.err
+	}
+	if err := r.run(); err != nil {
+		r.release()
+		r.phase, r.err = rxDead, err
+		return err
+	}
+	return nil
+}
+
+// staged reports that advance stopped at the end of an FPDU with bytes
+// of the next one staged: the driver calls advance(0) to go on before it
+// reads. Stopping there lets a receiver look up between two FPDUs (a
+// completion it waits for, a receive to post before the next Send), as a
+// reader of one FPDU at a time would.
+func (r *rxState) staged() bool { return r.paused }
+
+// release ends the holds of a placement cut short (a fault, or the
+// queue pair failed with the path in the middle of an FPDU).
+func (r *rxState) release() {
+	r.unhold()
+	if r.src != nil {
+		r.src.Unhold()
+		r.src = nil
+	}
+	r.region = nil
+	clear(r.dst)
+	r.dst = r.dst[:0]
+}
+
+// run acts on the staged bytes as far as they go.
+func (r *rxState) run() error {
+	for {
+		switch r.phase {
+		case rxHeader:
+			if r.w-r.r < 2 {
+				return nil
+			}
+			if err := r.header(); err != nil || r.phase == rxHeader {
+				return err // or the header is not all here
+			}
+		case rxPayload:
+			r.placeStaged()
+			if r.left > 0 {
+				return nil
+			}
+			clear(r.dst)
+			r.dst = r.dst[:0]
+			r.phase = rxTrailer
+		case rxTrailer:
+			pad := wire.PadLen(r.ulen)
+			if r.w-r.r < pad+wire.CRCLen {
+				return nil
+			}
+			if r.crc {
+				crc := wire.UpdateCRC32c(r.sum, r.buf[r.r:r.r+pad])
+				if got := binary.LittleEndian.Uint32(r.buf[r.r+pad:]); got != crc {
+					return newFault(wire.ErrMPACRC, "CRC %#08x, computed %#08x", got, crc)
+				}
+			}
+			r.r += pad + wire.CRCLen
+			if err := r.complete(); err != nil {
+				return err
+			}
+			r.phase = rxHeader
+			if r.w > r.r {
+				r.paused = true
+				return nil
+			}
+		case rxTerm:
+			total := wire.FPDULen(r.ulen)
+			if r.w-r.r < total {
+				return nil
+			}
+			return r.terminate(total)
+		default:
+			return r.err
+		}
+	}
+}
+
+// header parses and checks the FPDU header at the staging buffer's read
+// position, once it is staged, and finds where the payload goes. It
+// leaves the phase at rxHeader while the header is not all staged.
+func (r *rxState) header() error {
+	q := r.q
+	if q.State() == StateError {
+		return net.ErrClosed // failed meanwhile: place nothing more
+	}
+	ulen := int(binary.BigEndian.Uint16(r.buf[r.r:]))
+	hlen := min(ulen, maxHead)
+	if r.w-r.r < 2+hlen {
+		return nil
+	}
+	r.ulen, r.hlen = ulen, hlen
+	copy(r.head[:], r.buf[r.r+2:r.r+2+hlen])
+	h, n, err := wire.ParseHeader(r.head[:r.hlen])
+	if err != nil {
+		return newFault(wire.ErrDDPCatastrophic, "ULPDU of %d bytes is shorter than its header", r.ulen)
+	}
+	if err := checkHeader(&h); err != nil {
+		return err
+	}
+	info := h.Opcode.Info()
+	if r.ulen < n+info.Extra {
+		return newFault(wire.ErrDDPCatastrophic, "%v of %d bytes is shorter than its header", h.Opcode, r.ulen)
+	}
+	if h.Opcode == wire.OpTerminate {
+		if r.ulen > maxTerminate {
+			return newFault(wire.ErrDDPCatastrophic, "Terminate of %d bytes", r.ulen)
+		}
+		r.hdrLen = n
+		r.phase = rxTerm
+		return nil
+	}
+	payload := r.ulen - n - info.Extra
+	r.sum = 0
+	if r.crc {
+		r.sum = wire.UpdateCRC32c(0, r.buf[r.r:r.r+2+n+info.Extra])
+	}
+	r.first = !q.peerUp.Load()
+
+	// Find where the payload goes; every check happens before a byte
+	// lands, and after the memory is held (r.held).
+	r.dst = r.dst[:0]
+	r.region, r.src = nil, nil
+	switch h.Opcode {
+	case wire.OpWrite:
+		if payload > 0 {
+			r.region, err = r.tagged(&h, payload)
+		}
+	case wire.OpReadResponse:
+		err = r.response(&h, payload)
+	case wire.OpReadRequest:
+		r.rr, r.src, err = r.readRequest(&h)
+	default: // the Sends
+		err = r.send(&h, payload)
+	}
+	if err != nil {
+		return err
+	}
+	r.h, r.payload, r.left, r.di = h, payload, payload, 0
+	r.r += 2 + n + info.Extra
+	r.phase = rxPayload
+	return nil
+}
+
+// placeStaged moves what the staging buffer holds of the payload into place.
+func (r *rxState) placeStaged() {
+	for r.left > 0 && r.w > r.r {
+		if r.di == len(r.dst) {
+			panic("engine: payload longer than its destination") // checked before placement
+		}
+		d := r.dst[r.di]
+		if len(d) == 0 {
+			r.di++
+			continue
+		}
+		c := copy(d, r.buf[r.r:r.w])
+		if r.crc {
+			r.sum = wire.UpdateCRC32c(r.sum, d[:c])
+		}
+		r.dst[r.di] = d[c:]
+		r.r += c
+		r.left -= c
+	}
+}
+
+// complete acts on an FPDU that is whole and checked.
+func (r *rxState) complete() error {
+	q := r.q
+	if r.region != nil {
+		r.region.AddPlaced(r.payload)
+		r.region = nil
+	}
+	r.unhold()
+	switch r.h.Opcode {
+	case wire.OpWrite:
+	case wire.OpReadResponse:
+		r.responsePlaced(&r.h, r.payload)
+	case wire.OpReadRequest:
+		src := r.src
+		r.src = nil
+		r.queueRead(&r.rr, src)
+	default:
+		if err := r.sendPlaced(&r.h, r.payload); err != nil {
+			return err
+		}
+	}
+	r.fpdus++
+	if r.first {
+		r.first = false
+		q.peerUp.Store(true)
+		q.kick()
+	}
+	return nil
+}
+
+// checkHeader applies the checks that come before the opcode's own: DDP
+// and RDMAP versions, a known opcode in the right buffer model, and the
+// queue number (RFC 5041 §7, RFC 5040 §7).
+func checkHeader(h *wire.Header) error {
+	switch {
+	case h.DDPVersion != wire.DDPVersion && h.Tagged:
+		return newFault(wire.ErrDDPTaggedVersion, "DDP version %d", h.DDPVersion)
+	case h.DDPVersion != wire.DDPVersion:
+		return newFault(wire.ErrDDPUntaggedVersion, "DDP version %d", h.DDPVersion)
+	case h.RDMAPVersion != wire.RDMAPVersion:
+		return newFault(wire.ErrRDMAPVersion, "RDMAP version %d", h.RDMAPVersion)
+	}
+	info := h.Opcode.Info()
+	switch {
+	case !info.Valid:
+		return newFault(wire.ErrRDMAPOpcode, "%v", h.Opcode)
+	case info.Tagged != h.Tagged:
+		return newFault(wire.ErrRDMAPOpcode, "%v in the wrong buffer model", h.Opcode)
+	case !h.Tagged && h.QN != info.QN:
+		return newFault(wire.ErrDDPInvalidQN, "%v on queue %d", h.Opcode, h.QN)
+	case !h.Tagged && !h.Last && h.Opcode != wire.OpSend && h.Opcode != wire.OpSendSE &&
+		h.Opcode != wire.OpSendInv && h.Opcode != wire.OpSendSEInv:
+		return newFault(wire.ErrDDPInvalidMO, "%v without the last flag", h.Opcode)
+	}
+	return nil
+}
+
+// hold keeps a hold taken on region for the current placement.
+func (r *rxState) hold(region *mem.Region) {
+	r.held[r.nheld] = region
+	r.nheld++
+}
+
+// unhold ends the holds of the current placement.
+func (r *rxState) unhold() {
+	for i := range r.nheld {
+		r.held[i].Unhold()
+		r.held[i] = nil
+	}
+	r.nheld = 0
+}
+
+// tagged resolves an RDMA Write's target: the STag, this connection's
+// protection domain, the remote-write right and the bounds. The region is
+// held before it is judged, so it cannot be deregistered in between.
+func (r *rxState) tagged(h *wire.Header, n int) (*mem.Region, error) {
+	q := r.q
+	region, why := q.cfg.Table.LookupHold(mem.STag(h.STag))
+	if why == mem.OK {
+		if why = region.CheckRemote(q.cfg.PD, mem.RemoteWrite, h.TO, uint64(n)); why != mem.OK {
+			region.Unhold()
+		}
+	}
+	if why != mem.OK {
+		return nil, newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
+	}
+	r.hold(region)
+	r.dst = region.Slices(r.dst, h.TO-region.Addr(), uint64(n))
+	return region, nil
+}
+
+// ddpTaggedError turns a refused tagged placement into its DDP error
+// (RFC 5041 §7.2).
+func ddpTaggedError(why mem.Reason) *wire.TermError {
+	switch why {
+	case mem.BaseBounds:
+		return wire.ErrDDPBaseBounds
+	case mem.NotAssociated:
+		return wire.ErrDDPSTagNotAssoc
+	case mem.TOWrap:
+		return wire.ErrDDPTOWrap
+	}
+	return wire.ErrDDPInvalidSTag // unknown, wrong key, invalidated, no right
+}
+
+// rdmapError turns a refused Read source into its RDMAP error (RFC 5040 §7.2).
+func rdmapError(why mem.Reason) *wire.TermError {
+	switch why {
+	case mem.BaseBounds:
+		return wire.ErrRDMAPBaseBounds
+	case mem.AccessRights:
+		return wire.ErrRDMAPAccessRights
+	case mem.NotAssociated:
+		return wire.ErrRDMAPSTagNotAssoc
+	case mem.TOWrap:
+		return wire.ErrRDMAPTOWrap
+	}
+	return wire.ErrRDMAPInvalidSTag
+}
+
+// response matches a Read Response segment to the head of the ORQ: it must
+// name the sink STag and continue at the TO where the last segment ended,
+// and may not run past the requested size.
+func (r *rxState) response(h *wire.Header, n int) error {
+	q := r.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.orqHead == q.orqTail {
+		return newFault(wire.ErrRDMAPOpcode, "Read Response with no Read outstanding")
+	}
+	o := &q.orq[q.orqHead%uint64(len(q.orq))]
+	switch {
+	case h.STag != o.sinkSTag:
+		return newFault(wire.ErrDDPInvalidSTag, "Read Response to STag %#08x, expected %#08x", h.STag, o.sinkSTag)
+	case h.TO != o.sinkTO+uint64(o.placed) || o.placed+n > o.sge.Length:
+		return newFault(wire.ErrDDPBaseBounds, "Read Response at TO %#x of %d bytes, expected TO %#x and at most %d", h.TO, n, o.sinkTO+uint64(o.placed), o.sge.Length-o.placed)
+	case h.Last && o.placed+n != o.sge.Length:
+		return newFault(wire.ErrDDPBaseBounds, "Read Response ends after %d of %d bytes", o.placed+n, o.sge.Length)
+	}
+	if n > 0 {
+		// The Read pins the sink; a flush drops the pin while this
+		// goroutine may be placing, so the placement holds it too.
+		if !o.sge.MR.TryHold() {
+			return newFault(wire.ErrDDPInvalidSTag, "Read Response to STag %#08x, deregistered", h.STag)
+		}
+		r.hold(o.sge.MR)
+		r.dst = o.sge.MR.Slices(r.dst, uint64(o.sge.Offset+o.placed), uint64(n))
+	}
+	return nil
+}
+
+// responsePlaced records a placed Read Response segment; the last one
+// completes its Read Request, and the Read when all its requests are answered.
+func (r *rxState) responsePlaced(h *wire.Header, n int) {
+	q := r.q
+	q.mu.Lock()
+	if q.orqHead == q.orqTail { // flushed meanwhile
+		q.mu.Unlock()
+		return
+	}
+	o := &q.orq[q.orqHead%uint64(len(q.orq))]
+	o.placed += n
+	if n > 0 {
+		o.sge.MR.AddPlaced(n)
+	}
+	if !h.Last {
+		q.mu.Unlock()
+		return
+	}
+	e := o.sq
+	*o = orqEntry{}
+	q.orqHead++
+	if q.orqHead == q.orqTail {
+		q.drainedLocked()
+	}
+	if e != nil {
+		e.readsLeft--
+		if e.readsLeft == 0 {
+			e.done = true
+			q.retireLocked(true)
+		}
+	}
+	q.mu.Unlock()
+	q.kick() // an ORQ slot is free: a fenced send queue may go on
+}
+
+// readRequest checks an inbound Read Request: its MSN, the IRD limit, and
+// the source memory (STag, domain, remote-read right, bounds). A
+// zero-length Read (an RTR, or a flush) touches no memory and is not
+// checked. The source region is returned held, until its last byte is
+// written (see queueRead).
+func (r *rxState) readRequest(h *wire.Header) (wire.ReadRequest, *mem.Region, error) {
+	q := r.q
+	rr, _, _ := wire.ParseReadRequest(r.head[wire.UntaggedHeaderLen:r.hlen])
+	if h.MSN != r.msn[wire.QNRead] {
+		return rr, nil, newFault(wire.ErrDDPInvalidMSN, "Read Request MSN %d, expected %d", h.MSN, r.msn[wire.QNRead])
+	}
+	if h.MO != 0 {
+		return rr, nil, newFault(wire.ErrDDPInvalidMO, "Read Request at MO %d", h.MO)
+	}
+	q.mu.Lock()
+	full := q.irqTail-q.irqHead == uint64(len(q.irq))
+	q.mu.Unlock()
+	if full {
+		return rr, nil, newFault(wire.ErrRDMAPStream, "Read Request beyond IRD %d", len(q.irq))
+	}
+	if rr.Size == 0 {
+		return rr, nil, nil
+	}
+	region, why := q.cfg.Table.LookupHold(mem.STag(rr.SourceSTag))
+	if why == mem.OK {
+		if why = region.CheckRemote(q.cfg.PD, mem.RemoteRead, rr.SourceTO, uint64(rr.Size)); why != mem.OK {
+			region.Unhold()
+		}
+	}
+	if why != mem.OK {
+		return rr, nil, newFault(rdmapError(why), "Read of %d bytes from STag %#08x TO %#x", rr.Size, rr.SourceSTag, rr.SourceTO)
+	}
+	return rr, region, nil
+}
+
+// queueRead puts a checked Read Request on the IRQ for the transmit path,
+// with its source region held: the transmit path ends the hold once the
+// Read Response's last byte is written, a flush if it is never sent.
+func (r *rxState) queueRead(rr *wire.ReadRequest, region *mem.Region) {
+	q := r.q
+	r.msn[wire.QNRead]++
+	e := irqEntry{size: int(rr.Size), sinkSTag: rr.SinkSTag, sinkTO: rr.SinkTO}
+	if region != nil {
+		e.region, e.srcOff = region, rr.SourceTO-region.Addr()
+	}
+	q.mu.Lock()
+	if s := q.State(); s != StateReady && s != StateClosing {
+		q.mu.Unlock()
+		if e.region != nil {
+			e.region.Unhold()
+		}
+		return
+	}
+	q.irq[q.irqTail%uint64(len(q.irq))] = e
+	q.irqTail++
+	if e.size <= inlineResponse {
+		q.kickLocked() // answer at once, from this goroutine if the role is free
+	} else {
+		q.kickAsyncLocked() // a long answer must not hold up the receive path
+	}
+}
+
+// send checks a Send segment against the receive it fills: MSN and MO in
+// sequence, a receive posted, and room in it.
+func (r *rxState) send(h *wire.Header, n int) error {
+	q := r.q
+	if r.recv == nil {
+		if h.MSN != r.msn[wire.QNSend] {
+			return newFault(wire.ErrDDPInvalidMSN, "Send MSN %d, expected %d", h.MSN, r.msn[wire.QNSend])
+		}
+		if h.MO != 0 {
+			return newFault(wire.ErrDDPInvalidMO, "Send starts at MO %d", h.MO)
+		}
+		q.mu.Lock()
+		if q.rqHead == q.rqTail {
+			q.mu.Unlock()
+			return newFault(wire.ErrDDPNoBuffer, "Send with no receive posted")
+		}
+		r.recvWQE = q.rq[q.rqHead%uint64(len(q.rq))]
+		r.recvIdx = q.rqHead
+		r.recv = &r.recvWQE
+		r.recvBytes, r.recvMSN, r.recvStatus = 0, h.MSN, Success
+		q.mu.Unlock()
+	} else {
+		if h.MSN != r.recvMSN {
+			return newFault(wire.ErrDDPInvalidMSN, "Send MSN %d inside message %d", h.MSN, r.recvMSN)
+		}
+		if int(h.MO) != r.recvBytes {
+			return newFault(wire.ErrDDPInvalidMO, "Send segment at MO %d, expected %d", h.MO, r.recvBytes)
+		}
+	}
+	if r.recvBytes+n > r.recv.length {
+		return &fault{term: wire.ErrDDPNoBuffer, status: LocalLengthError,
+			detail: fmt.Sprintf("Send of at least %d bytes into a receive of %d", r.recvBytes+n, r.recv.length)}
+	}
+	// The receive pins its regions; a flush drops the pins while this
+	// goroutine may be placing, so the placement holds them too.
+	if !r.holdSGEs(r.recv.sges[:r.recv.nsge], r.recvBytes, n) {
+		return net.ErrClosed // flushed and deregistered: the queue pair has failed
+	}
+	r.dst = sgeSlices(r.dst, r.recv.sges[:r.recv.nsge], r.recvBytes, n)
+	return nil
+}
+
+// holdSGEs holds the regions of the SGEs under [off, off+n) of an SGE
+// list. It reports false, holding none, if one is being deregistered.
+func (r *rxState) holdSGEs(sges []SGE, off, n int) bool {
+	for i := range sges {
+		s := &sges[i]
+		if n == 0 {
+			break
+		}
+		if off >= s.Length {
+			off -= s.Length
+			continue
+		}
+		if !s.MR.TryHold() {
+			r.unhold()
+			return false
+		}
+		r.hold(s.MR)
+		n -= min(n, s.Length-off)
+		off = 0
+	}
+	return true
+}
+
+// sgeSlices appends the memory of [off, off+n) of an SGE list.
+func sgeSlices(dst [][]byte, sges []SGE, off, n int) [][]byte {
+	for i := range sges {
+		s := &sges[i]
+		if n == 0 {
+			break
+		}
+		if off >= s.Length {
+			off -= s.Length
+			continue
+		}
+		k := min(n, s.Length-off)
+		dst = s.MR.Slices(dst, uint64(s.Offset+off), uint64(k))
+		n -= k
+		off = 0
+	}
+	return dst
+}
+
+// sendPlaced records a placed Send segment; the last one completes the receive.
+func (r *rxState) sendPlaced(h *wire.Header, n int) error {
+	q := r.q
+	r.recvBytes += n
+	if !h.Last {
+		return nil
+	}
+	c := Completion{QP: q, Op: CompRecv, Bytes: r.recvBytes, Solicited: h.Opcode.Solicited()}
+	if h.Opcode.Invalidates() {
+		if why := q.cfg.Table.Invalidate(q.cfg.PD, mem.STag(h.RsvdULP)); why != mem.OK {
+			return newFault(wire.ErrRDMAPCannotInvalidate, "STag %#08x: %v", h.RsvdULP, why)
+		}
+		c.Invalidated = h.RsvdULP
+	}
+	r.msn[wire.QNSend]++
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	r.recv = nil
+	if q.rqHead != r.recvIdx || q.rqHead == q.rqTail {
+		return nil // flushed meanwhile
+	}
+	e := &q.rq[q.rqHead%uint64(len(q.rq))]
+	c.ID = e.id
+	for i := range e.nsge {
+		e.sges[i].MR.Release()
+	}
+	e.sges = [MaxSGE]SGE{}
+	q.rqHead++
+	if !q.cfg.RecvCQ.push(&c, true) {
+		q.overrunLocked()
+	}
+	return nil
+}
+
+// terminate parses a staged Terminate FPDU of total bytes and returns it
+// as an error.
+func (r *rxState) terminate(total int) error {
+	f, _, err := wire.ParseFPDU(r.buf[r.r:r.r+total], r.crc)
+	if err != nil {
+		return newFault(wire.ErrMPACRC, "in a Terminate")
+	}
+	t, _, err := wire.ParseTerminate(f.ULPDU[r.hdrLen:])
+	if err != nil {
+		return newFault(wire.ErrDDPCatastrophic, "malformed Terminate")
+	}
+	t.Rest = append([]byte(nil), t.Rest...)
+	r.r += total
+	return &peerTerminate{t: t}
+}
