@@ -66,7 +66,7 @@ type rxState struct {
 	region  *mem.Region
 	src     *mem.Region // a Read Request's source, held
 	rr      wire.ReadRequest
-	err     error // why the core stopped (phase rxDead)
+	err     error  // why the core stopped (phase rxDead)
 	fpdus   uint64 // FPDUs received whole
 	// paused: advance stopped at the end of an FPDU with more staged
 	// (see staged).
