@@ -322,6 +322,12 @@ func TestBadInputTerminates(t *testing.T) {
 			h.MSN = 1
 			e.p.send(h, make([]byte, 10), nil)
 		}, want: wire.ErrDDPCatastrophic},
+		{name: "Read Request with a payload", ird: 4, send: func(e *env) {
+			h := hdr(wire.OpReadRequest)
+			h.MSN = 1
+			rr := wire.ReadRequest{SinkSTag: 7, Size: 8, SourceSTag: uint32(e.rw.STag()), SourceTO: e.rw.Addr()}
+			e.p.send(h, rr.Append(nil), make([]byte, 3000))
+		}, want: wire.ErrDDPTooLong, echo: true},
 		{name: "bad CRC", crc: true, send: func(e *env) {
 			u := hdr(wire.OpWrite)
 			u.STag, u.TO = uint32(e.rw.STag()), e.rw.Addr()

@@ -190,8 +190,9 @@ type QP struct {
 	// termDone is made when a Terminate is queued and closed once it has
 	// been written, or given up on (link lost, or termTimeout passed):
 	// until then Close leaves the socket open.
-	termDone chan struct{}
-	termOnce sync.Once
+	termDone  chan struct{}
+	termOnce  sync.Once
+	termTimer *time.Timer // gives up on the Terminate; under mu
 
 	// Transmit role: held by one goroutine at a time.
 	txBusy   bool
@@ -866,13 +867,13 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 			q.txBusy = true
 			q.handTxLocked()
 		} // else the holder of the transmit role frames it after its batch
-		q.mu.Unlock()
 		// A peer that does not read must not keep the connection open, nor
 		// Close waiting.
-		time.AfterFunc(termTimeout, func() {
+		q.termTimer = time.AfterFunc(termTimeout, func() {
 			q.link.Close()
 			q.termOver()
 		})
+		q.mu.Unlock()
 		return
 	}
 	busy := q.txBusy
@@ -899,7 +900,19 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 const termTimeout = time.Second
 
 // termOver records that the pending Terminate was written or given up on.
-func (q *QP) termOver() { q.termOnce.Do(func() { close(q.termDone) }) }
+// The timer stops, so that it does not keep the queue pair's memory for
+// termTimeout after the Terminate left. q.mu must not be held.
+func (q *QP) termOver() {
+	q.termOnce.Do(func() {
+		close(q.termDone)
+		q.mu.Lock()
+		t := q.termTimer
+		q.mu.Unlock()
+		if t != nil {
+			t.Stop()
+		}
+	})
+}
 
 // flushLocked completes every outstanding work request: those with a
 // status of their own get it, the rest WRFlushError. The send queue waits

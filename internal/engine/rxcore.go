@@ -341,6 +341,10 @@ func (r *rxState) header() error {
 	case wire.OpReadResponse:
 		err = r.response(&h, payload)
 	case wire.OpReadRequest:
+		if payload > 0 {
+			// It carries none; placing one would have no destination.
+			return newFault(wire.ErrDDPTooLong, "Read Request with %d bytes after its body", payload)
+		}
 		r.rr, r.src, err = r.readRequest(&h)
 	default: // the Sends
 		err = r.send(&h, payload)

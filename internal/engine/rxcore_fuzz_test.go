@@ -1,0 +1,95 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gowarp/gowarp/internal/mem"
+	"github.com/gowarp/gowarp/wire"
+)
+
+// fuzzSTag is a placeholder the fuzz inputs use for the STags of the
+// environment's regions, which are drawn at random: fuzzSTag+i names
+// region i of coreEnv.all, fuzzSTag+0xff the receive buffers' region.
+const fuzzSTag = 0xabcd0000
+
+// fuzzStags replaces the placeholders in b by the environment's STags.
+func fuzzStags(b []byte, e *coreEnv) {
+	for i := 0; i+4 <= len(b); i++ {
+		v := binary.BigEndian.Uint32(b[i:])
+		if v&^0xff != fuzzSTag {
+			continue
+		}
+		k := int(v & 0xff)
+		if k < len(e.all) {
+			binary.BigEndian.PutUint32(b[i:], uint32(e.all[k].STag()))
+		}
+	}
+}
+
+// FuzzCore feeds random bytes, in random pieces, to the receive core of a
+// queue pair with receives posted and a Read outstanding: it must not
+// panic nor stop taking bytes, every error must be a fault answered with
+// a Terminate (or the peer's Terminate), and no region may stay held.
+func FuzzCore(f *testing.F) {
+	e := newCoreEnv(f)
+	e.crc = false
+	ph := func(i int) mem.STag { return mem.STag(fuzzSTag + i) }
+	var seeds [][]byte
+	seeds = append(seeds,
+		e.write(ph(0), coreBase+5, pattern(8, 1)),
+		append(e.write(ph(0), coreBase, pattern(2100, 2)), e.write(ph(2), coreBase+4000, pattern(96, 3))...),
+		append(e.send(wire.OpSend, 1, 0, false, pattern(300, 4)), e.send(wire.OpSendSE, 1, 300, true, pattern(2100, 5))...),
+		e.readReq(1, wire.ReadRequest{SinkSTag: 0x99, Size: 600, SourceSTag: uint32(ph(0)), SourceTO: coreBase + 10}),
+		e.response(0, true, pattern(64, 6)),
+	)
+	term := wire.NewTerminate(wire.ErrDDPInvalidSTag, seeds[0][2:16], 22, nil)
+	h := chdr(wire.OpTerminate)
+	h.MSN = 1
+	seeds = append(seeds, e.fpdu(h, term.Append(nil), nil))
+	for _, c := range hostileCoreCases() {
+		seeds = append(seeds, c.stream(e))
+	}
+	for i, s := range seeds {
+		f.Add(s, uint64(i), i%2 == 0)
+	}
+	f.Fuzz(func(t *testing.T, in []byte, seed uint64, crc bool) {
+		e.reset(t, crc, 4) // the regions stay: each input gets a new queue pair
+		e.recv(t, 1, 64)
+		e.recv(t, 2, 100, 1000, 2000)
+		e.read(t, 3, 0, 64)
+		in = bytes.Clone(in)
+		fuzzStags(in, e)
+		q := e.q
+		err := feedCore(t, &q.rx, in, randomCuts(len(in), rand.New(rand.NewPCG(seed, 1))))
+		if err != nil {
+			var f *fault
+			var pt *peerTerminate
+			switch {
+			case errors.As(err, &f):
+				if f.term == nil {
+					t.Fatalf("fault without a Terminate: %v", err)
+				}
+			case errors.As(err, &pt):
+			default:
+				t.Fatalf("the core failed with %v, neither a fault nor the peer's Terminate", err)
+			}
+			if again := q.rx.advance(0); again != err {
+				t.Fatalf("after %v the core said %v", err, again)
+			}
+			q.rxFailed(err)
+			runHandedTx(q) // writes the Terminate
+		}
+		q.fail(ErrClosed)
+		runHandedTx(q)
+		q.rx.release() // as the receive goroutine does when it ends (rxEnd)
+		for i, m := range e.all {
+			if m.InUse() {
+				t.Errorf("region %d still pinned or held", i)
+			}
+		}
+	})
+}
