@@ -338,7 +338,7 @@ func (e *coreEnv) run(t testing.TB, c *coreCase, crc bool, cuts func(n int) []in
 	}
 	q.fail(ErrClosed) // flushes what is left, with its statuses
 	runHandedTx(q)
-	q.rx.release()    // as the receive goroutine does when it ends (rxEnd) // flushes what is left, with its statuses
+	q.rx.release() // as the receive goroutine does when it ends (rxEnd) // flushes what is left, with its statuses
 	x.out = l.written()
 	var wc [64]Completion
 	for n := e.cq.Poll(wc[:]); n > 0; n = e.cq.Poll(wc[:]) {
