@@ -57,3 +57,49 @@ func TestCombinerWaitsForOthers(t *testing.T) {
 		t.Fatalf("lone post went as %v", lists)
 	}
 }
+
+// TestCombinerEnqueue: work queued without a post leaves with the next
+// post, even one with nothing of its own, and the posted hook hears of
+// every list the queue pair took, and of nothing it refused.
+func TestCombinerEnqueue(t *testing.T) {
+	var b combiner
+	var lists, heard [][]uint64
+	fail := false
+	ids := func(wrs []gowarp.SendWR) []uint64 {
+		out := make([]uint64, len(wrs))
+		for i := range wrs {
+			out[i] = wrs[i].ID
+		}
+		return out
+	}
+	b.postList = func(wrs []gowarp.SendWR) (int, error) {
+		lists = append(lists, ids(wrs))
+		if fail {
+			return 0, gowarp.ErrQueueFull
+		}
+		return len(wrs), nil
+	}
+	b.posted = func(wrs []gowarp.SendWR) { heard = append(heard, ids(wrs)) }
+	if err := b.enqueue(gowarp.SendWR{ID: 1}, gowarp.SendWR{ID: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if len(lists) != 0 {
+		t.Fatalf("enqueue posted %v", lists)
+	}
+	if err := b.post(nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(lists) != 1 || len(lists[0]) != 2 || len(heard) != 1 || len(heard[0]) != 2 {
+		t.Fatalf("posted %v, heard %v; want [1 2] once each", lists, heard)
+	}
+	fail = true
+	if err := b.post(nil, false, gowarp.SendWR{ID: 3}); err == nil {
+		t.Fatal("a refused post succeeded")
+	}
+	if len(heard) != 1 {
+		t.Fatalf("heard of a refused list: %v", heard)
+	}
+	if err := b.enqueue(gowarp.SendWR{ID: 4}); err == nil {
+		t.Fatal("enqueue after a failed post succeeded")
+	}
+}
