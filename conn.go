@@ -144,7 +144,9 @@ func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error 
 // it closes, and at once if the MPA exchange fails. A peer that does not
 // speak MPA fails it with ErrMPAProtocol; one that says nothing, when ctx
 // ends (or after 10 s if ctx has no deadline). Over a stream other than
-// TCP, Acked completes as Handed and FPDUs are not aligned to segments.
+// TCP, Acked completes as Handed, FPDUs are not aligned to segments, and
+// the queue pair's transmit goroutine does every write (a net.Conn has no
+// write that returns when the stream is full).
 func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) error {
 	if c == nil {
 		return fmt.Errorf("%w: ConnectConn with no connection", ErrBadConfig)

@@ -523,3 +523,77 @@ func TestRejectedErrorZeroValue(t *testing.T) {
 		t.Fatalf("%q does not match ErrRejected", e.Error())
 	}
 }
+
+// TestOverTLSReadsBothWays: over TLS (a stream whose writes block), both
+// queue pairs Read from each other at once, with many 64 KiB Read
+// Responses in flight each way, so that each receive path has responses
+// to answer while the other's are coming: all complete, neither side's
+// receive path waits on a write the other cannot take.
+func TestOverTLSReadsBothWays(t *testing.T) {
+	srvConf, cliConf := testTLS(t)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := gowarp.ConnectOptions{IRD: 128, ORD: 128}
+	p := newPairOver(t, tls.NewListener(tcp, srvConf), func() (net.Conn, error) {
+		return tls.Dial("tcp", tcp.Addr().String(), cliConf)
+	}, o)
+	const size, depth, rounds = 64 << 10, 100, 10
+	type side struct {
+		qp       *gowarp.QP
+		cq       *gowarp.CQ
+		src, dst *gowarp.MR
+	}
+	mk := func(qp *gowarp.QP, cq *gowarp.CQ) *side {
+		src, _ := p.reg(t, size, gowarp.RemoteRead)
+		dst, _ := p.reg(t, size, gowarp.LocalWrite)
+		return &side{qp, cq, src, dst}
+	}
+	a, b := mk(p.a, p.acq), mk(p.b, p.bcq)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// A stuck exchange blocks in PostSendList, which no ctx ends: closing
+	// the queue pairs does.
+	defer context.AfterFunc(ctx, func() { p.a.Close(); p.b.Close() })()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for _, s := range [][2]*side{{a, b}, {b, a}} {
+		me, peer := s[0], s[1]
+		wg.Go(func() {
+			wc := make([]gowarp.Completion, depth)
+			for range rounds {
+				wrs := make([]gowarp.SendWR, depth)
+				for i := range wrs {
+					wrs[i] = gowarp.SendWR{ID: uint64(i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
+						SGL: []gowarp.SGE{{MR: me.dst, Length: size}}, RemoteAddr: peer.src.Addr(), RKey: uint32(peer.src.STag())}
+				}
+				if _, err := me.qp.PostSendList(wrs); err != nil {
+					errs <- err
+					return
+				}
+				for got := 0; got < depth; {
+					n := me.cq.Poll(wc)
+					for _, c := range wc[:n] {
+						if c.Status != gowarp.Success {
+							errs <- c.Err()
+							return
+						}
+					}
+					got += n
+					if n == 0 {
+						if err := me.cq.Wait(ctx); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}

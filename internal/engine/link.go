@@ -41,7 +41,13 @@ type Link interface {
 
 // streamLink is the portable Link over any net.Conn: reads land in the first
 // buffer only and writes block. NewLink uses it where no socket descriptor
-// is available (net.Pipe in tests, non-Linux systems).
+// is available (a TLS connection, net.Pipe in tests, non-Linux systems).
+//
+// A net.Conn has no write that returns at once when the stream is full, so
+// a non-blocking Writev writes nothing and says it would block: every
+// transmit is the transmit goroutine's. A receive path answering a Read
+// inline would otherwise block in Write while the peer's does the same,
+// neither reading: both stuck (TestOverTLSReadsBothWays).
 type streamLink struct {
 	c    net.Conn
 	bufs net.Buffers
@@ -57,6 +63,9 @@ func (l *streamLink) Readv(bufs [][]byte) (int, error) {
 }
 
 func (l *streamLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
+	if !block {
+		return 0, errWouldBlock
+	}
 	l.bufs = append(l.bufs[:0], bufs...)
 	n, err := l.bufs.WriteTo(l.c)
 	clear(l.bufs[:cap(l.bufs)])
