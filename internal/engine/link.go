@@ -39,6 +39,18 @@ type Link interface {
 	Conn() net.Conn
 }
 
+// idleReader is a Link that can wait for bytes without holding the
+// buffer they will be read into: a queue pair that waits for its peer
+// then holds no staging buffer (see rxState.receive).
+type idleReader interface {
+	// ReadIdle reads into buf, as Readv does into one buffer. When no
+	// bytes are there it gives buf back with put and, once bytes come,
+	// takes the buffer to read them into with get. It returns the bytes
+	// read and the buffer they are in: buf, get's, or nil if it returns
+	// with nothing read after giving buf back (a deadline, a close).
+	ReadIdle(buf []byte, put func([]byte), get func() []byte) (int, []byte, error)
+}
+
 // streamLink is the portable Link over any net.Conn: reads land in the first
 // buffer only and writes block. NewLink uses it where no socket descriptor
 // is available (a TLS connection, net.Pipe in tests, non-Linux systems).

@@ -66,8 +66,9 @@ func waitTxIdle(t *testing.T, q *QP) (holdsBufs bool) {
 // TestIdleQPHoldsNoBuffers: a queue pair that has sent and received
 // Writes, Reads and Sends (many FPDUs each, with and without CRC) and has
 // nothing left to send holds no transmit batch arrays (vectors, records,
-// holds, arena) and no write iovec arrays, and its read iovec array is no
-// larger than its reads have needed (issue 7, item 5).
+// holds, arena), no receive staging buffer and no write iovec arrays, and
+// its read iovec array is no larger than its reads have needed (issue 7,
+// item 5).
 func TestIdleQPHoldsNoBuffers(t *testing.T) {
 	for _, crc := range []bool{false, true} {
 		r := newTCPRig(t, Params{CRC: crc, IRD: 4, ORD: 4, MaxFPDU: 1000})
@@ -108,6 +109,14 @@ func TestIdleQPHoldsNoBuffers(t *testing.T) {
 		for _, q := range []*QP{r.a, r.b} {
 			if waitTxIdle(t, q) {
 				t.Errorf("crc %v: an idle queue pair holds its transmit batch arrays", crc)
+			}
+			// Its receive goroutine, waiting for the peer with nothing
+			// staged, gives the staging buffer back (a hang guard
+			// bounds the wait for it to get there).
+			for deadline := time.Now().Add(10 * time.Second); q.rxStaged.Load(); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("crc %v: an idle queue pair holds its receive staging buffer", crc)
+				}
 			}
 		}
 		// The link's arrays, once its goroutines have stopped.

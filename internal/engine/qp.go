@@ -239,6 +239,7 @@ type QP struct {
 	rxDL     time.Time    // the read deadline the holder of the path last set
 	rxWakes  atomic.Int64 // times the receive goroutine woke to take the path (tests)
 	dcLooks  atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
+	rxStaged atomic.Bool  // the receive path holds a staging buffer (tests)
 
 	peerData []byte
 	// abort, under mu, cancels a Connect or Accept under way.

@@ -85,7 +85,17 @@ func (r *rxState) receive() (rang bool, err error) {
 	if r.staged() {
 		return false, r.advance(0)
 	}
-	k, rerr := r.q.link.Readv(r.next())
+	iov := r.next()
+	var k int
+	var rerr error
+	if r.idle != nil && !r.direct && r.w == 0 {
+		// Nothing staged: wait for the peer without the staging buffer
+		// (see staging.go). The bytes land at the start of whichever
+		// buffer r holds when they come, where iov pointed.
+		k, _, rerr = r.idle.ReadIdle(r.buf, r.put, r.get)
+	} else {
+		k, rerr = r.q.link.Readv(iov)
+	}
 	if err := r.advance(k); err != nil {
 		return false, err // what the bytes that came say first
 	}

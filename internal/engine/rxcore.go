@@ -43,9 +43,14 @@ const (
 // receive path (rxMu).
 type rxState struct {
 	q    *QP
-	buf  []byte // staging; nil until first needed (takeStaging)
+	buf  []byte // staging; nil until needed, and while the driver waits with nothing staged (staging.go)
 	r, w int
 	crc  bool
+	// idle is the link, if it can wait without the staging buffer; put
+	// and get are putStaging and getStaging, made once (see receive).
+	idle idleReader
+	put  func([]byte)
+	get  func() []byte
 
 	iov    [][]byte // what next returned
 	direct bool     // iov starts with the payload's destination
@@ -93,6 +98,8 @@ type rxState struct {
 
 func (r *rxState) init(q *QP) {
 	r.q, r.crc = q, q.params.CRC
+	r.idle, _ = q.link.(idleReader)
+	r.put, r.get = r.putStaging, r.getStaging
 	r.iov = make([][]byte, 0, 2*MaxSGE+2)
 	r.dst = make([][]byte, 0, 2*MaxSGE)
 	r.msn = [3]uint32{1, 1, 1}
@@ -136,18 +143,13 @@ const (
 	rxDead                   // failed: takes nothing more
 )
 
-// takeStaging returns the receive staging buffer, asked for the first
-// time the core needs somewhere to read. It is the one place the buffer
-// comes from, so that it can be taken on demand.
-func (q *QP) takeStaging() []byte { return make([]byte, rxStaging) }
-
 // next returns where the next bytes of the stream should be read: free
 // space in the staging buffer, or, while a large payload is being placed,
 // the target memory itself followed by staging space for the trailer and
 // the next FPDU's header. The vectors are valid until advance.
 func (r *rxState) next() [][]byte {
 	if r.buf == nil {
-		r.buf = r.q.takeStaging()
+		r.getStaging()
 	}
 	if r.r == r.w {
 		r.r, r.w = 0, 0

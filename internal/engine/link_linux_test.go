@@ -1,0 +1,100 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if a, err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = ln.Accept(); err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// idleBufs counts ReadIdle's buffers given back and taken.
+type idleBufs struct {
+	put chan []byte
+	got []byte
+}
+
+func (ib *idleBufs) give(b []byte) { ib.put <- b }
+func (ib *idleBufs) take() []byte  { return ib.got }
+
+// TestReadIdle: a read that finds bytes reads them into the buffer it was
+// given; one that finds none gives the buffer back before it waits, and
+// reads what comes into the one it takes then; a deadline while it waits
+// returns with no buffer.
+func TestReadIdle(t *testing.T) {
+	a, b := tcpPair(t)
+	l := NewLink(b).(*fdLink)
+	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
+	first := make([]byte, 64)
+
+	a.Write([]byte("ready"))
+	for inq := 0; inq < 5; { // the read below must find them there
+		l.rc.Control(func(fd uintptr) { inq, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		time.Sleep(time.Millisecond)
+	}
+	n, buf, err := l.ReadIdle(first, ib.give, ib.take)
+	if err != nil || n != 5 || &buf[0] != &first[0] || string(buf[:n]) != "ready" {
+		t.Fatalf("bytes there: read %d into %p (%q), %v; want 5 into the buffer given", n, buf, buf[:n], err)
+	}
+	select {
+	case <-ib.put:
+		t.Fatal("the buffer was given back though bytes were there")
+	default:
+	}
+
+	type result struct {
+		n   int
+		buf []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, buf, err := l.ReadIdle(first, ib.give, ib.take)
+		done <- result{n, buf, err}
+	}()
+	if back := <-ib.put; &back[0] != &first[0] { // before any byte is sent
+		t.Fatalf("gave back %p, not the buffer given", back)
+	}
+	a.Write([]byte("later"))
+	r := <-done
+	if r.err != nil || r.n != 5 || &r.buf[0] != &ib.got[0] || !bytes.Equal(r.buf[:5], []byte("later")) {
+		t.Fatalf("waited: read %d into %p (%q), %v; want 5 into the buffer taken", r.n, r.buf, r.buf[:r.n], r.err)
+	}
+
+	b.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	n, buf, err = l.ReadIdle(first, ib.give, ib.take)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n != 0 || buf != nil {
+		t.Fatalf("deadline: read %d into %p, %v; want nothing, no buffer, the deadline", n, buf, err)
+	}
+	<-ib.put
+	b.SetReadDeadline(time.Time{})
+
+	a.Close()
+	n, buf, err = l.ReadIdle(first, ib.give, ib.take)
+	if n != 0 || err == nil {
+		t.Fatalf("closed peer: read %d, %v; want an error", n, err)
+	}
+	_ = buf
+}
