@@ -30,9 +30,10 @@ func TestQPMem(t *testing.T) {
 	if h := r.AfterPerQP.Heap; h > maxHeap {
 		t.Errorf("a queue pair keeps %.1f KiB of heap after traffic, more than %d KiB", h/1024, maxHeap>>10)
 	}
-	// The receive goroutine, the transmit goroutine and, while the peer
-	// has not spoken, the nudge goroutine.
-	if g := r.AfterPerQP.Goroutines; g > 3 {
+	// The receive goroutine and, on the connecting side while the peer
+	// has not spoken, the nudge goroutine; the transmit goroutine runs
+	// only while writes would block.
+	if g := r.AfterPerQP.Goroutines; g > 2 {
 		t.Errorf("%.2f goroutines per queue pair", g)
 	}
 }

@@ -45,13 +45,14 @@ func newTCPRig(t *testing.T, p Params) *rig {
 	return r
 }
 
-// waitTxIdle waits until nobody holds q's transmit role (a hang guard
-// bounds it) and reports whether the batch arrays were given back.
+// waitTxIdle waits until nobody holds q's transmit role and its transmit
+// goroutine has ended (a hang guard bounds it), and reports whether the
+// batch arrays were given back.
 func waitTxIdle(t *testing.T, q *QP) (holdsBufs bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		q.mu.Lock()
-		if !q.txBusy { // the holder let go under q.mu, after giving them back
+		if !q.txBusy && !q.txRun { // the holder let go under q.mu, after giving them back
 			bufs := cap(q.tx.iov) > 0 || cap(q.tx.recs) > 0 || cap(q.tx.holds) > 0 || cap(q.tx.arena) > 0
 			q.mu.Unlock()
 			return bufs
@@ -65,7 +66,8 @@ func waitTxIdle(t *testing.T, q *QP) (holdsBufs bool) {
 
 // TestIdleQPHoldsNoBuffers: a queue pair that has sent and received
 // Writes, Reads and Sends (many FPDUs each, with and without CRC) and has
-// nothing left to send holds no transmit batch arrays (vectors, records,
+// nothing left to send runs no transmit goroutine and holds no transmit
+// batch arrays (vectors, records,
 // holds, arena), no receive staging buffer and no write iovec arrays, and
 // its read iovec array is no larger than its reads have needed (issue 7,
 // item 5).

@@ -2,10 +2,11 @@
 // receive paths over a Link, the inbound and outbound Read queues (IRQ and
 // ORQ), placement into registered memory and completion generation.
 //
-// A QP has one receive goroutine and one transmit goroutine. A post runs
-// the transmit path in the caller's goroutine when nothing is queued ahead
-// of it and the socket takes the bytes without blocking; otherwise the
-// transmit goroutine carries on. Whoever holds the transmit role (txBusy)
+// A QP has one receive goroutine and, while it has work whose write would
+// block or completions that wait for acknowledgements, a transmit
+// goroutine. A post runs the transmit path in the caller's goroutine when
+// nothing is queued ahead of it and the socket takes the bytes without
+// blocking; otherwise the transmit goroutine carries on. Whoever holds the transmit role (txBusy)
 // is the only writer to the socket.
 package engine
 
@@ -200,7 +201,14 @@ type QP struct {
 	// txCloses: the queue pair failed while the role was held; its holder
 	// flushes the send queue and closes the link when it lets go.
 	txCloses bool
-	txGone   bool // the transmit goroutine has ended
+	// txRun: the transmit goroutine runs. It is started when the role
+	// is handed to it, or acknowledgements are to be watched, and ends
+	// when it has nothing left to do (see txLoop). txGone: the queue pair
+	// is closing, and no transmit goroutine starts any more.
+	txRun  bool
+	txGone bool
+	txFn   func()      // q.txLoop, made once by Start; nil: no goroutines (readyLocked)
+	ackT   *time.Timer // the transmit goroutine's, made once in Acked mode
 	// drained, made by a waiting Disconnect, is closed when the transmit
 	// role is let go, the ORQ empties or the queue pair fails.
 	drained chan struct{}
@@ -325,15 +333,15 @@ func (q *QP) Start(link Link, p Params) error {
 		return fmt.Errorf("%w: cannot start a queue pair in state %s", ErrBadState, s)
 	}
 	q.readyLocked(link, p)
+	q.txFn = q.txLoop
 	// Under mu: a Close (whose fail takes mu) either finds the queue pair
 	// idle and Start refusing, or waits for these goroutines.
-	q.wg.Add(2)
+	q.wg.Add(1)
 	if p.Nudge > 0 {
 		q.wg.Add(1)
 	}
 	q.mu.Unlock()
 	go q.rxLoop()
-	go q.txLoop()
 	if p.Nudge > 0 {
 		go q.nudgeLoop(p.Nudge)
 	}
@@ -635,15 +643,34 @@ func (q *QP) kickAsyncLocked() {
 
 // handTxLocked passes the held transmit role to the transmit goroutine.
 func (q *QP) handTxLocked() {
+	q.txHanded = true
 	if q.txGone {
 		// No one will write the batch: let its regions and arrays go.
+		// Close, which stopped the transmit goroutines, lets the role go.
 		q.tx.drop()
 		return
 	}
-	q.txHanded = true
+	q.startTxLocked()
+}
+
+// startTxLocked starts the transmit goroutine, or wakes it if it runs.
+// Starting it costs no allocation (txFn is made once; Go reuses the
+// stacks of ended goroutines): an idle queue pair keeps no goroutine
+// parked for its transmit path, whose stack would stay resident.
+func (q *QP) startTxLocked() {
+	if q.txGone || q.txFn == nil {
+		return // closing; or set up without goroutines, by a test that does their part
+	}
+	if !q.txRun {
+		q.txRun = true
+		q.wg.Add(1) // Close waits for it; it sets txGone, under mu, before it waits
+		go q.txFn()
+		return
+	}
 	q.wakeTx()
 }
 
+// wakeTx wakes the transmit goroutine if it waits for acknowledgements.
 func (q *QP) wakeTx() {
 	select {
 	case q.txWake <- struct{}{}:
@@ -653,42 +680,33 @@ func (q *QP) wakeTx() {
 
 // txLoop is the transmit goroutine: it takes the transmit role over when a
 // direct transmission would block, and watches acknowledgements in Acked
-// mode. It ends when the queue pair is closed or has failed and has nothing
-// left to send.
+// mode. It ends when it has neither, or when the queue pair is closed.
 func (q *QP) txLoop() {
 	defer q.wg.Done()
-	defer func() {
-		q.mu.Lock()
-		q.txGone = true
-		if q.txHanded {
-			q.tx.drop() // a batch handed over that no one will write
-		}
-		q.mu.Unlock()
-	}()
-	ackTimer := time.NewTimer(time.Hour)
-	ackTimer.Stop()
 	for {
 		q.mu.Lock()
 		handed := q.txHanded
 		q.txHanded = false
-		acks := q.cfg.Completion == Acked && q.sqDone < q.sqTx && !q.txBusy
-		over := q.State() == StateError && !q.txBusy && q.termPending == nil
+		acks := q.cfg.Completion == Acked && q.sqDone < q.sqTx && !q.txBusy && q.State() != StateError
+		if !handed && !acks {
+			q.txRun = false // a hand-off from now on starts another
+			q.mu.Unlock()
+			return
+		}
 		q.mu.Unlock()
 		if handed {
 			q.transmit(true)
 			continue
 		}
-		if over {
-			return
-		}
-		var tick <-chan time.Time
-		if acks {
-			ackTimer.Reset(ackPoll)
-			tick = ackTimer.C
+		if q.ackT == nil {
+			q.ackT = time.NewTimer(ackPoll)
+		} else {
+			q.ackT.Reset(ackPoll)
 		}
 		select {
 		case <-q.txWake:
-		case <-tick:
+			q.ackT.Stop()
+		case <-q.ackT.C:
 			q.mu.Lock()
 			if q.txBusy {
 				q.mu.Unlock()
@@ -698,6 +716,13 @@ func (q *QP) txLoop() {
 			q.mu.Unlock()
 			q.transmit(true)
 		case <-q.done:
+			q.ackT.Stop()
+			q.mu.Lock()
+			q.txRun = false
+			if q.txHanded {
+				q.tx.drop() // a batch handed over that no one will write
+			}
+			q.mu.Unlock()
 			return
 		}
 	}
@@ -818,6 +843,9 @@ func (q *QP) Close() error {
 	if link != nil {
 		link.Close()
 	}
+	q.mu.Lock()
+	q.txGone = true // no transmit goroutine starts while we wait
+	q.mu.Unlock()
 	q.wg.Wait()
 	q.mu.Lock()
 	if q.txBusy && q.txHanded {

@@ -207,7 +207,9 @@ func (q *QP) transmit(block bool) {
 					q.link.Close()
 				}
 				if q.cfg.Completion == Acked {
-					q.wakeTx() // the transmit goroutine watches the acknowledgements
+					q.mu.Lock()
+					q.startTxLocked() // the transmit goroutine watches the acknowledgements
+					q.mu.Unlock()
 				}
 				return
 			}
