@@ -283,7 +283,14 @@ func (q *QP) Progress(ctx context.Context) error {
 // outstanding, completes with the matching remote error status.
 func (q *QP) peerTerminated(pt *peerTerminate) {
 	st := statusFor(&pt.t.Err)
+	cause := fmt.Errorf("%w: %w", ErrPeerTerminated, pt)
 	q.mu.Lock()
+	// The error is recorded with the status, under one lock: the transmit
+	// path may complete the entry before fail runs, and an application
+	// that sees that completion must find the reason in Err.
+	if q.err == nil && q.State() != StateError {
+		q.err = cause
+	}
 	if h, ok := pt.t.DDPHeader(); ok {
 		var rr *wire.ReadRequest
 		if body, ok := pt.t.ReadRequest(); ok {
@@ -298,8 +305,16 @@ func (q *QP) peerTerminated(pt *peerTerminate) {
 		}
 	}
 	q.mu.Unlock()
-	q.fail(fmt.Errorf("%w: %w", ErrPeerTerminated, pt))
+	if testHookPeerTerm != nil {
+		testHookPeerTerm(q)
+	}
+	q.fail(cause)
 }
+
+// testHookPeerTerm, when set by a test, runs between a received
+// Terminate's status reaching the send entry it echoes and the queue
+// pair's failure.
+var testHookPeerTerm func(*QP)
 
 // echoes reports whether h, with rr the echoed Read Request body if any,
 // is the header of a message e sent.
