@@ -4,6 +4,7 @@
 //	gowarp ping [flags]       rping's protocol, as client or server
 //	gowarp perftest [flags]   perftest's -R exchange, against rdma-core's ib_* tools
 //	gowarp rpc bench [flags]  RPC over gowarp next to gRPC-go
+//	gowarp qpmem [flags]      memory and goroutines per connected queue pair
 //	gowarp version            the module version and VCS revision it was built from
 //
 // Run "gowarp <command> -h" for a command's flags. Exit status: 0 when the
