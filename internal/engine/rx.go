@@ -82,6 +82,9 @@ var errRxYield = errors.New("engine: receive path yielded")
 // core; or, if it holds the next FPDU's first bytes already, lets it go
 // on with them. rang reports the doorbell: the read deadline had passed.
 func (r *rxState) receive() (rang bool, err error) {
+	if r.q.State() == StateError {
+		return false, net.ErrClosed // failed meanwhile: place nothing more
+	}
 	if r.staged() {
 		return false, r.advance(0)
 	}

@@ -227,8 +227,12 @@ func (r *rxState) advance(n int) error {
 func (r *rxState) staged() bool { return r.paused }
 
 // release ends the holds of a placement cut short (a fault, or the
-// queue pair failed with the path in the middle of an FPDU).
+// queue pair failed with the path in the middle of an FPDU). The core
+// takes nothing more after it.
 func (r *rxState) release() {
+	if r.phase != rxDead {
+		r.phase, r.err = rxDead, net.ErrClosed
+	}
 	r.unhold()
 	if r.src != nil {
 		r.src.Unhold()

@@ -793,3 +793,30 @@ func checkTerminate(t testing.TB, c *coreCase, x *coreEffects, crc bool, in []by
 		t.Errorf("receive completed %+v, want status %v", *recv, want)
 	}
 }
+
+// TestCoreReleaseMidPayload: a queue pair that fails while a payload is
+// half placed ends the placement's holds, and its core takes no more bytes
+// (it must not place into memory it no longer holds).
+func TestCoreReleaseMidPayload(t *testing.T) {
+	e := newCoreEnv(t)
+	e.reset(t, false, 4)
+	in := e.write(e.rw.STag(), coreBase, pattern(3000, 1))
+	r := &e.q.rx
+	if err := feedCore(t, r, in[:1500], nil); err != nil {
+		t.Fatal(err)
+	}
+	if !e.rw.InUse() {
+		t.Fatal("a placement under way holds no region")
+	}
+	e.q.fail(ErrClosed)
+	r.release()
+	if e.rw.InUse() {
+		t.Error("the region is still held")
+	}
+	if err := feedCore(t, r, in[1500:], nil); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("after release the core said %v, want net.ErrClosed", err)
+	}
+	if e.rw.Placed() != 0 {
+		t.Errorf("placed %d bytes", e.rw.Placed())
+	}
+}
