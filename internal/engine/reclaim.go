@@ -43,7 +43,17 @@ type watcher struct {
 	wake    chan struct{} // wakes it when something is
 	slow    bool          // ticking every ctxPoll: no path waits to be reclaimed
 	t       *time.Timer
+	// fast counts the rxReclaim ticks since contexts were last looked at:
+	// they are looked at every ctxPoll whatever the tick, so that the
+	// ticks that reclaim cost one glance per inline waiter, not a lock
+	// and a select (with hundreds of waiters that is most of the scan).
+	fast int
+	ctxLooks int // contexts of inline waiters looked at (tests)
 }
+
+// ctxEvery is how many rxReclaim ticks pass between two looks at the
+// contexts of inline waiters.
+const ctxEvery = int(ctxPoll / rxReclaim)
 
 // watch puts q under the watcher, if it is not already. Called by an
 // inline waiter as it leaves, and as it starts waiting with a context that
@@ -79,32 +89,46 @@ func (w *watcher) watch(q *QP) {
 // run ticks while queue pairs are watched.
 func (w *watcher) run() {
 	for range w.t.C {
-		w.mu.Lock()
-		reclaiming := w.scan()
-		switch {
-		case len(w.qps) == 0:
-			w.idle, w.slow = true, false
-			w.mu.Unlock()
+		if w.tick() {
 			<-w.wake
 			w.t.Reset(rxReclaim)
-			continue
-		case reclaiming:
-			w.slow = false
-			w.t.Reset(rxReclaim)
-		default:
-			w.slow = true
-			w.t.Reset(ctxPoll)
 		}
-		w.mu.Unlock()
 	}
+}
+
+// tick scans once and sets the timer for the next scan; it reports true,
+// setting none, when nothing is left to watch.
+func (w *watcher) tick() (idle bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	full := w.slow || w.fast >= ctxEvery-1
+	if full {
+		w.fast = 0
+	} else {
+		w.fast++
+	}
+	reclaiming := w.scan(full)
+	switch {
+	case len(w.qps) == 0:
+		w.idle, w.slow = true, false
+		return true
+	case reclaiming:
+		w.slow = false
+		w.t.Reset(rxReclaim)
+	default:
+		w.slow = true
+		w.t.Reset(ctxPoll)
+	}
+	return false
 }
 
 // scan looks at every watched queue pair once and drops those it is done
 // with; it reports whether a receive path still waits to be reclaimed.
-func (w *watcher) scan() (reclaiming bool) {
+// Inline waiters' contexts are looked at only if full.
+func (w *watcher) scan(full bool) (reclaiming bool) {
 	keep := w.qps[:0]
 	for _, q := range w.qps {
-		if w.look(q) {
+		if w.look(q, full) {
 			keep = append(keep, q)
 			if !q.rxInline.Load() {
 				reclaiming = true
@@ -117,7 +141,8 @@ func (w *watcher) scan() (reclaiming bool) {
 }
 
 // look acts on one queue pair and reports whether to keep watching it.
-func (w *watcher) look(q *QP) bool {
+// An inline waiter's context is looked at only if full.
+func (w *watcher) look(q *QP, full bool) bool {
 	if q.State() == StateError {
 		q.watched.Store(false)
 		q.handRx() // its receive goroutine ends
@@ -125,6 +150,11 @@ func (w *watcher) look(q *QP) bool {
 	}
 	gen := q.rxAppGen.Load()
 	if q.rxInline.Load() {
+		if !full {
+			q.rxSeen = gen
+			return true
+		}
+		w.ctxLooks++
 		q.waitMu.Lock()
 		if d := q.waitDone; d != nil {
 			select {

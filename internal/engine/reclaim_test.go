@@ -238,3 +238,41 @@ func TestProgressWakesOnFailure(t *testing.T) {
 		t.Fatalf("Progress returned %v, want ErrPeerClosed (a context error means it missed the failure)", err)
 	}
 }
+
+// TestWatcherCtxLooks: while a left receive path keeps the watcher ticking
+// every rxReclaim, the contexts of inline waiters are looked at once per
+// ctxPoll, not at every tick: with 256 queue pairs waiting, a lock and a
+// select for each of them every 200 µs was the watcher's cost (issue 7,
+// defect 8). The ticks are called directly, so no clock is involved.
+func TestWatcherCtxLooks(t *testing.T) {
+	w := &watcher{t: time.NewTimer(time.Hour)}
+	defer w.t.Stop()
+	const waiters, ticks = 8, 100
+	for range waiters {
+		q := &QP{}
+		q.state.Store(int32(StateReady))
+		q.rxInline.Store(true)
+		q.waitDone = make(chan struct{}) // a cancellable context, never done
+		q.watched.Store(true)
+		w.qps = append(w.qps, q)
+	}
+	left := &QP{} // a path its waiter keeps coming back to and leaving
+	left.state.Store(int32(StateReady))
+	left.watched.Store(true)
+	w.qps = append(w.qps, left)
+	for range ticks {
+		left.rxAppGen.Add(1)
+		if w.tick() {
+			t.Fatal("the watcher went idle with queue pairs to watch")
+		}
+	}
+	if len(w.qps) != waiters+1 {
+		t.Fatalf("watching %d queue pairs, want %d", len(w.qps), waiters+1)
+	}
+	if max := waiters * (ticks/ctxEvery + 1); w.ctxLooks > max {
+		t.Fatalf("%d looks at contexts in %d ticks of %d waiters, want at most %d (once per ctxPoll)", w.ctxLooks, ticks, waiters, max)
+	}
+	if w.ctxLooks == 0 {
+		t.Fatal("the contexts of inline waiters were never looked at")
+	}
+}
