@@ -9,21 +9,20 @@ import "sync"
 // It is not a sync.Pool: a pool is emptied by the GC's second cycle
 // without use and, under the race detector, drops a quarter of what is
 // put at random, so a post would allocate a buffer now and then. A stack
-// of at most freeMax keeps the buffers of the busiest moment up to that
+// of a bounded size keeps the buffers of the busiest moment up to that
 // number and lets the GC have the rest; the most recently given back (the
 // warmest in cache) is taken first. The lock is held for a few
-// instructions, once per batch rather than per FPDU.
+// instructions, once per batch or wait rather than per FPDU.
 type freeList[T any] struct {
 	mu   sync.Mutex
 	free []*T
 	make func() *T
 }
 
-// freeMax bounds the buffers a free list keeps.
-const freeMax = 32
-
-func newFreeList[T any](mk func() *T) *freeList[T] {
-	return &freeList[T]{free: make([]*T, 0, freeMax), make: mk}
+// newFreeList returns a free list that keeps at most max buffers, made
+// by mk.
+func newFreeList[T any](max int, mk func() *T) *freeList[T] {
+	return &freeList[T]{free: make([]*T, 0, max), make: mk}
 }
 
 // get returns a kept buffer, or a new one.

@@ -103,7 +103,7 @@ type txBufs struct {
 	arena []byte
 }
 
-var txFree = newFreeList(func() *txBufs {
+var txFree = newFreeList(32, func() *txBufs {
 	return &txBufs{
 		iov:   make([][]byte, 0, maxIov),
 		recs:  make([]int, 0, maxIov),
