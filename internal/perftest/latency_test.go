@@ -1,6 +1,7 @@
 package perftest
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
@@ -67,7 +68,14 @@ func TestServeBadClient(t *testing.T) {
 			if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{NoP2P: true}); err != nil {
 				t.Fatal(err)
 			}
-			for _, m := range c.msgs {
+			for i, m := range c.msgs {
+				if i > 0 {
+					// As perftest's client does, wait for the server's answer
+					// to the message before: sent at once, the next Send can
+					// come before the server's receive for it is posted, and
+					// the server fails for that instead (1 run in 30).
+					waitRecv(ctx, t, cq)
+				}
 				mr, _ := pd.Register(m, 0)
 				if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Length: len(m)}}}); err != nil {
 					t.Fatal(err)
@@ -84,5 +92,26 @@ func TestServeBadClient(t *testing.T) {
 				t.Fatal("Serve did not return")
 			}
 		})
+	}
+}
+
+// waitRecv waits for a receive completion on cq.
+func waitRecv(ctx context.Context, t *testing.T, cq *gowarp.CQ) {
+	t.Helper()
+	var wc [4]gowarp.Completion
+	for {
+		n := cq.Poll(wc[:])
+		for _, c := range wc[:n] {
+			if c.Op != gowarp.CompRecv {
+				continue
+			}
+			if c.Status != gowarp.Success {
+				t.Fatalf("receive of the server's answer: %v", c.Status)
+			}
+			return
+		}
+		if err := cq.Wait(ctx); err != nil {
+			t.Fatalf("no answer from the server: %v", err)
+		}
 	}
 }
