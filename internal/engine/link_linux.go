@@ -167,10 +167,22 @@ type mmsghdr struct {
 }
 
 // doWrite sends the records with one sendmmsg, each with MSG_EOR so that
-// TCP starts a new segment after it (as siw sends each FPDU).
+// TCP starts a new segment after it (as siw sends each FPDU). One record
+// goes with sendmsg: sendmmsg copies in the mmsghdr and offers to
+// reschedule after each message (cond_resched), which on a busy host gave
+// the CPU away in the middle of a ping-pong's send.
 func (l *fdLink) doWrite(fd uintptr) bool {
-	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&l.wmsg[0])), uintptr(len(l.wmsg)),
-		unix.MSG_EOR|unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+	const flags = unix.MSG_EOR | unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL
+	var n uintptr
+	var e syscall.Errno
+	if len(l.wmsg) == 1 {
+		n, _, e = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&l.wmsg[0].hdr)), flags)
+		if e == 0 {
+			l.wmsg[0].len, n = uint32(n), 1
+		}
+	} else {
+		n, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&l.wmsg[0])), uintptr(len(l.wmsg)), flags, 0, 0)
+	}
 	if e == unix.EAGAIN || e == unix.EINTR {
 		if l.wblock {
 			return false
