@@ -10,6 +10,10 @@ import (
 	"github.com/gowarp/gowarp/internal/cm"
 )
 
+// The connection's life: setup through the connection manager (Connect,
+// Accept), the start of the paths, the nudge for siw's accept window, and
+// the end (Disconnect, Close).
+
 // ConnectOptions tune connection setup, on either side.
 type ConnectOptions struct {
 	// PrivateData goes to the peer in the MPA request or reply: at most
@@ -185,4 +189,173 @@ func (q *QP) PeerPrivateData() []byte {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.peerData
+}
+
+// Start moves an idle or connecting queue pair to ready over link, with
+// the negotiated parameters, and starts its receive and transmit paths.
+func (q *QP) Start(link Link, p Params) error {
+	q.mu.Lock()
+	s := q.State()
+	if s != StateIdle && s != StateConnecting {
+		err := q.err
+		q.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("%w: cannot start a queue pair in state %s: %w", ErrBadState, s, err)
+		}
+		return fmt.Errorf("%w: cannot start a queue pair in state %s", ErrBadState, s)
+	}
+	q.readyLocked(link, p)
+	q.txFn = q.txLoop
+	// Under mu: a Close (whose fail takes mu) either finds the queue pair
+	// idle and Start refusing, or waits for these goroutines.
+	q.wg.Add(1)
+	if p.Nudge > 0 {
+		q.wg.Add(1)
+	}
+	q.mu.Unlock()
+	go q.rxLoop()
+	if p.Nudge > 0 {
+		go q.nudgeLoop(p.Nudge)
+	}
+	if p.SendRTR != 0 {
+		q.kick()
+	}
+	return nil
+}
+
+// readyLocked sets the queue pair up over link with the negotiated
+// parameters and makes it ready, starting no goroutine: what Start does
+// before it starts the paths, and all the core tests need.
+func (q *QP) readyLocked(link Link, p Params) {
+	p.IRD = min(max(p.IRD, 0), 128)
+	p.ORD = min(max(p.ORD, 0), 128)
+	q.params = p
+	q.link = link
+	q.orq = make([]orqEntry, p.ORD)
+	q.irq = make([]irqEntry, p.IRD)
+	q.tx.init(q, link)
+	q.rx.init(q)
+	if !p.HoldTx {
+		q.peerUp.Store(true)
+	}
+	q.abort = nil
+	q.state.Store(int32(StateReady))
+}
+
+// nudgeLoop wakes a peer that may have missed what this side sent while
+// it was accepting (siw: docs/interop.md §1). While the peer has sent
+// nothing, each tick at which this side has sent something and nothing
+// more since the last tick frames a zero-length Write; the bytes it
+// brings make such a peer read the ones it missed. It gives up after
+// nudgeTicks ticks: by then a responder has long finished accepting.
+func (q *QP) nudgeLoop(every time.Duration) {
+	defer q.wg.Done()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var last uint64
+	for range nudgeTicks {
+		select {
+		case <-q.done:
+			return
+		case <-tick.C:
+		}
+		if q.heard.Load() || q.State() != StateReady {
+			return
+		}
+		q.mu.Lock()
+		sent := q.tx.built
+		if sent == 0 || sent != last || q.txBusy {
+			last = sent
+			q.mu.Unlock()
+			continue
+		}
+		q.nudgeDue = true
+		q.kickLocked()
+	}
+}
+
+// Nudges returns how many zero-length Writes the queue pair sent to wake
+// a peer that had not answered yet (see ConnectOptions.NoNudge).
+func (q *QP) Nudges() int { return int(q.nudges.Load()) }
+
+// Disconnect closes the connection gracefully: it stops new work, waits
+// (until ctx is done) for queued sends to leave, closes the TCP
+// connection and flushes whatever is left.
+func (q *QP) Disconnect(ctx context.Context) error {
+	q.mu.Lock()
+	if q.State() == StateReady {
+		q.state.Store(int32(StateClosing))
+	}
+	for {
+		q.dcLooks.Add(1)
+		idle := q.sqTx == q.sqTail && !q.txBusy && q.orqHead == q.orqTail
+		if idle || q.State() == StateError {
+			break
+		}
+		// The paths that could make it idle (the transmit role let go, the
+		// last Read answered, a failure) close the channel: no ticking.
+		if q.drained == nil {
+			q.drained = make(chan struct{})
+		}
+		ch := q.drained
+		q.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			q.Close()
+			return ctx.Err()
+		case <-ch:
+		}
+		q.mu.Lock()
+	}
+	q.mu.Unlock()
+	q.fail(ErrClosed)
+	q.Close()
+	return nil
+}
+
+// drainedLocked wakes Disconnect calls waiting for the queue pair to have
+// nothing in flight, to look again.
+func (q *QP) drainedLocked() {
+	if q.drained != nil {
+		close(q.drained)
+		q.drained = nil
+	}
+}
+
+// Close tears the queue pair down at once, flushing all outstanding work,
+// and waits for its goroutines to stop. If the queue pair is sending a
+// Terminate (it found an error in the peer's input), Close first lets the
+// Terminate reach the socket, so the peer learns why: that waits at most
+// termTimeout (1 s) from the error, for a peer that does not read.
+func (q *QP) Close() error {
+	q.fail(ErrClosed)
+	q.mu.Lock()
+	term, link := q.termDone, q.link
+	q.mu.Unlock()
+	if term != nil {
+		<-term
+	}
+	q.closing.Do(func() {
+		close(q.done)
+		q.cfg.SendCQ.detach(q)
+		if q.cfg.RecvCQ != q.cfg.SendCQ {
+			q.cfg.RecvCQ.detach(q)
+		}
+	})
+	if link != nil {
+		link.Close()
+	}
+	q.mu.Lock()
+	q.txGone = true // no transmit goroutine starts while we wait
+	q.mu.Unlock()
+	q.wg.Wait()
+	q.mu.Lock()
+	if q.txBusy && q.txHanded {
+		// Handed to the transmit goroutine, which stopped first: nobody
+		// holds the role, so its send-queue flush falls to us.
+		q.txHanded = false
+		q.releaseTxLocked()
+	}
+	q.mu.Unlock()
+	return nil
 }

@@ -8,8 +8,6 @@ import (
 	"net"
 	"os"
 	"time"
-
-	"github.com/gowarp/gowarp/wire"
 )
 
 // The receive driver: it owns the reads, the receive goroutine, the
@@ -279,82 +277,6 @@ func (q *QP) Progress(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-}
-
-// peerTerminated puts the queue pair in error for a received Terminate.
-// The send-queue entry the Terminate's echoed header names, if still
-// outstanding, completes with the matching remote error status.
-func (q *QP) peerTerminated(pt *peerTerminate) {
-	st := statusFor(&pt.t.Err)
-	cause := fmt.Errorf("%w: %w", ErrPeerTerminated, pt)
-	q.mu.Lock()
-	// The error is recorded with the status, under one lock: the transmit
-	// path may complete the entry before fail runs, and an application
-	// that sees that completion must find the reason in Err.
-	if q.err == nil && q.State() != StateError {
-		q.err = cause
-	}
-	if h, ok := pt.t.DDPHeader(); ok {
-		var rr *wire.ReadRequest
-		if body, ok := pt.t.ReadRequest(); ok {
-			rr = &body
-		}
-		for i := q.sqHead; i < q.sqTx; i++ {
-			e := &q.sq[i%uint64(len(q.sq))]
-			if !e.done && echoes(e, &h, rr) {
-				e.status = st
-				break
-			}
-		}
-	}
-	q.mu.Unlock()
-	if testHookPeerTerm != nil {
-		testHookPeerTerm(q)
-	}
-	q.fail(cause)
-}
-
-// testHookPeerTerm, when set by a test, runs between a received
-// Terminate's status reaching the send entry it echoes and the queue
-// pair's failure.
-var testHookPeerTerm func(*QP)
-
-// echoes reports whether h, with rr the echoed Read Request body if any,
-// is the header of a message e sent.
-func echoes(e *sqEntry, h *wire.Header, rr *wire.ReadRequest) bool {
-	switch e.wr.Op {
-	case OpWrite:
-		return h.Opcode == wire.OpWrite && h.STag == e.wr.RKey && h.TO >= e.wr.RemoteAddr && h.TO <= e.wr.RemoteAddr+uint64(e.length)
-	case OpRead:
-		if h.Opcode != wire.OpReadRequest {
-			return false
-		}
-		if rr != nil {
-			// The body names the Read's source. siw, when it finds the
-			// error while building the response, rebuilds the echo from
-			// its queue and puts the read size where the MSN belongs
-			// (siw_send_terminate), so the MSN cannot be trusted then.
-			return rr.SourceSTag == e.wr.RKey && rr.SourceTO >= e.wr.RemoteAddr && rr.SourceTO < e.wr.RemoteAddr+uint64(max(1, e.length))
-		}
-		return h.MSN >= e.msn && h.MSN < e.msn+uint32(max(1, len(e.sgl())))
-	default:
-		return h.Opcode.Info().Send && h.MSN == e.msn
-	}
-}
-
-// statusFor maps a Terminate's error to the completion status of the
-// work it reports.
-func statusFor(e *wire.TermError) Status {
-	switch {
-	case e.Layer == wire.LayerRDMAP && e.Type == wire.RDMAPRemoteProtection,
-		e.Layer == wire.LayerDDP && e.Type == wire.DDPTaggedBuffer:
-		return RemoteAccessError
-	case e.Layer == wire.LayerDDP && e.Type == wire.DDPUntaggedBuffer:
-		return RemoteInvalidRequest
-	case e.Layer == wire.LayerRDMAP && e.Type == wire.RDMAPRemoteOperation:
-		return RemoteOperationError
-	}
-	return FatalError
 }
 
 // ring asks the holder of the receive path to look up: the receive
