@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -162,30 +161,6 @@ func closeAtOnce(t *testing.T, dev *gowarp.Device, pd *gowarp.PD, ln *gowarp.Lis
 	}
 	if err := <-closed; err != nil {
 		t.Errorf("session %d: server: %v", rep, err)
-	}
-}
-
-// readTerminate reads FPDUs until a Terminate, then expects the end of the
-// connection, returning an error instead of failing the test.
-func readTerminate(p *rawPeer) (wire.Terminate, error) {
-	for {
-		h, rest, err := p.next()
-		if err != nil {
-			return wire.Terminate{}, errors.New("no Terminate before the connection ended: " + err.Error())
-		}
-		if h.Opcode != wire.OpTerminate {
-			continue
-		}
-		term, _, err := wire.ParseTerminate(rest)
-		if err != nil {
-			return term, err
-		}
-		if _, _, err := p.next(); err == nil {
-			return term, errors.New("an FPDU after the Terminate")
-		} else if ne := (net.Error)(nil); errors.As(err, &ne) && ne.Timeout() {
-			return term, errors.New("the connection stayed open after the Terminate")
-		}
-		return term, nil
 	}
 }
 

@@ -82,39 +82,6 @@ func TestNoReadsNegotiated(t *testing.T) {
 	}
 }
 
-// newPairOpts connects two QPs with different options on each side.
-func newPairOpts(t testing.TB, client, server gowarp.ConnectOptions) *pair {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	p := &pair{dev: gowarp.Open()}
-	p.pd = p.dev.AllocPD()
-	p.acq, p.bcq = p.dev.NewCQ(64), p.dev.NewCQ(64)
-	p.a, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq})
-	p.b, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq})
-	t.Cleanup(func() { p.a.Close(); p.b.Close() })
-	ln, err := p.dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	errc := make(chan error, 1)
-	go func() {
-		req, err := ln.Accept(ctx)
-		if err == nil {
-			err = req.Accept(ctx, p.b, server)
-		}
-		errc <- err
-	}()
-	if err := p.a.Connect(ctx, ln.Addr().String(), client); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // TestNoReadsOnTheWire: the zeros travel in the MPA frames' IRD/ORD words
 // (RFC 6581), both ways: a gowarp client's request, and a gowarp server's
 // reply to a peer asking 0/0 as perftest's write_bw client does.
@@ -169,23 +136,6 @@ func TestNoReadsOnTheWire(t *testing.T) {
 	if err := sqp.PostSend(&gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RKey: 1}); !errors.Is(err, gowarp.ErrZeroORD) {
 		t.Fatalf("server Read toward an IRD 0 peer: %v, want ErrZeroORD", err)
 	}
-}
-
-func readMPAFrame(c net.Conn) (wire.MPAFrame, error) {
-	hdr := make([]byte, wire.MPAHeaderLen)
-	if _, err := io.ReadFull(c, hdr); err != nil {
-		return wire.MPAFrame{}, err
-	}
-	n, err := wire.MPAFrameLen(hdr)
-	if err != nil {
-		return wire.MPAFrame{}, err
-	}
-	full := append(hdr, make([]byte, n-len(hdr))...)
-	if _, err := io.ReadFull(c, full[wire.MPAHeaderLen:]); err != nil {
-		return wire.MPAFrame{}, err
-	}
-	f, _, err := wire.ParseMPAFrame(full)
-	return f, err
 }
 
 // TestReadAtIRDZeroTerminates: a gowarp server that said IRD 0 replies

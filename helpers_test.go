@@ -1,0 +1,197 @@
+package gowarp_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// Test helpers shared by the package's tests: connected pairs of queue
+// pairs, waiting for completions and states.
+
+// pair is two connected queue pairs over loopback, each with its own CQ.
+type pair struct {
+	dev      *gowarp.Device
+	pd       *gowarp.PD
+	a, b     *gowarp.QP
+	acq, bcq *gowarp.CQ
+}
+
+func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {
+	t.Helper()
+	return newPairOn(t, o, "127.0.0.1:0", nil, nil)
+}
+
+// newPairOn connects two QPs; the listener is made on listenAddr inside
+// inA and the connection dialled inside inB (nil: the current namespace).
+func newPairOn(t testing.TB, o gowarp.ConnectOptions, listenAddr string, inA, inB func(func() error) error) *pair {
+	t.Helper()
+	if inA == nil {
+		inA = func(f func() error) error { return f() }
+	}
+	if inB == nil {
+		inB = inA
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p := &pair{dev: gowarp.Open()}
+	p.pd = p.dev.AllocPD()
+	p.acq, p.bcq = p.dev.NewCQ(1024), p.dev.NewCQ(1024)
+	var err error
+	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq}); err != nil {
+		t.Fatal(err)
+	}
+	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
+		t.Fatal(err)
+	}
+	var ln *gowarp.Listener
+	err = inA(func() (err error) {
+		ln, err = p.dev.Listen(listenAddr)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	errc := make(chan error, 1)
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err != nil {
+			errc <- err
+			return
+		}
+		errc <- req.Accept(ctx, p.b, o)
+	}()
+	if err := inB(func() error { return p.a.Connect(ctx, ln.Addr().String(), o) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.a.Close(); p.b.Close() })
+	return p
+}
+
+func (p *pair) reg(t testing.TB, n int, acc gowarp.Access) (*gowarp.MR, []byte) {
+	t.Helper()
+	buf := make([]byte, n)
+	mr, err := p.pd.Register(buf, acc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mr, buf
+}
+
+func wait(t testing.TB, cq *gowarp.CQ) gowarp.Completion {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wc [1]gowarp.Completion
+	for {
+		if cq.Poll(wc[:]) == 1 {
+			return wc[0]
+		}
+		if err := cq.Wait(ctx); err != nil {
+			t.Fatalf("waiting for a completion: %v", err)
+		}
+	}
+}
+
+// newPairOpts connects two QPs with different options on each side.
+func newPairOpts(t testing.TB, client, server gowarp.ConnectOptions) *pair {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p := &pair{dev: gowarp.Open()}
+	p.pd = p.dev.AllocPD()
+	p.acq, p.bcq = p.dev.NewCQ(64), p.dev.NewCQ(64)
+	p.a, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq})
+	p.b, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq})
+	t.Cleanup(func() { p.a.Close(); p.b.Close() })
+	ln, err := p.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	errc := make(chan error, 1)
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err == nil {
+			err = req.Accept(ctx, p.b, server)
+		}
+		errc <- err
+	}()
+	if err := p.a.Connect(ctx, ln.Addr().String(), client); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// server is a gowarp listener whose accepted QPs the test can inspect.
+type server struct {
+	dev  *gowarp.Device
+	pd   *gowarp.PD
+	ln   *gowarp.Listener
+	cq   *gowarp.CQ
+	qps  chan *gowarp.QP
+	opts gowarp.ConnectOptions
+}
+
+func newServer(t testing.TB, o gowarp.ConnectOptions) *server {
+	t.Helper()
+	s := &server{dev: gowarp.Open(), qps: make(chan *gowarp.QP, 16), opts: o}
+	s.pd = s.dev.AllocPD()
+	s.cq = s.dev.NewCQ(4096)
+	var err error
+	if s.ln, err = s.dev.Listen("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); s.ln.Close() })
+	go func() {
+		for {
+			req, err := s.ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			qp, err := s.pd.NewQP(gowarp.QPConfig{SendCQ: s.cq, RecvCQ: s.cq, SendDepth: 16, RecvDepth: 16})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := req.Accept(ctx, qp, s.opts); err != nil {
+				t.Error(err)
+				return
+			}
+			t.Cleanup(func() { qp.Close() })
+			s.qps <- qp
+		}
+	}()
+	return s
+}
+
+func (s *server) accepted(t testing.TB) *gowarp.QP {
+	t.Helper()
+	select {
+	case qp := <-s.qps:
+		return qp
+	case <-time.After(5 * time.Second):
+		t.Fatal("no connection accepted")
+	}
+	return nil
+}
+
+func waitState(t testing.TB, qp *gowarp.QP, want gowarp.State) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); qp.State() != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("QP state %v, want %v", qp.State(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
