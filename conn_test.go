@@ -80,16 +80,8 @@ func newPairOver(t *testing.T, ln net.Listener, dial func() (net.Conn, error), o
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p := &pair{dev: gowarp.Open()}
-	p.pd = p.dev.AllocPD()
-	p.acq, p.bcq = p.dev.NewCQ(1024), p.dev.NewCQ(1024)
+	p := newIdlePair(t, 1024)
 	var err error
-	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq}); err != nil {
-		t.Fatal(err)
-	}
-	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { p.a.Close(); p.b.Close() })
 	gl, err := p.dev.ListenOn(ln)
 	if err != nil {
@@ -445,16 +437,7 @@ func isReset(err error) bool {
 func TestReadConnRequestOverPipe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p := &pair{dev: gowarp.Open()}
-	p.pd = p.dev.AllocPD()
-	p.acq, p.bcq = p.dev.NewCQ(64), p.dev.NewCQ(64)
-	var err error
-	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq}); err != nil {
-		t.Fatal(err)
-	}
-	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
-		t.Fatal(err)
-	}
+	p := newIdlePair(t, 64)
 	t.Cleanup(func() { p.a.Close(); p.b.Close() })
 	ca, cb := net.Pipe()
 	errc := make(chan error, 1)

@@ -19,6 +19,23 @@ type pair struct {
 	acq, bcq *gowarp.CQ
 }
 
+// newIdlePair makes two unconnected queue pairs a and b, each with a CQ of
+// the given depth, in one protection domain.
+func newIdlePair(t testing.TB, cqDepth int) *pair {
+	t.Helper()
+	p := &pair{dev: gowarp.Open()}
+	p.pd = p.dev.AllocPD()
+	p.acq, p.bcq = p.dev.NewCQ(cqDepth), p.dev.NewCQ(cqDepth)
+	var err error
+	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq}); err != nil {
+		t.Fatal(err)
+	}
+	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {
 	t.Helper()
 	return newPairOn(t, o, "127.0.0.1:0", nil, nil)
@@ -36,16 +53,8 @@ func newPairOn(t testing.TB, o gowarp.ConnectOptions, listenAddr string, inA, in
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p := &pair{dev: gowarp.Open()}
-	p.pd = p.dev.AllocPD()
-	p.acq, p.bcq = p.dev.NewCQ(1024), p.dev.NewCQ(1024)
+	p := newIdlePair(t, 1024)
 	var err error
-	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq}); err != nil {
-		t.Fatal(err)
-	}
-	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
-		t.Fatal(err)
-	}
 	var ln *gowarp.Listener
 	err = inA(func() (err error) {
 		ln, err = p.dev.Listen(listenAddr)
