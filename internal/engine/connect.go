@@ -86,8 +86,9 @@ func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 	defer cancel()
 	c, err := cm.Dial(ctx, addr)
 	if err != nil {
+		err = q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
 		q.Close()
-		return q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
+		return err
 	}
 	return q.initiate(ctx, c, &o, addr)
 }
@@ -115,8 +116,9 @@ func (q *QP) initiate(ctx context.Context, c net.Conn, o *ConnectOptions, peer s
 	r, err := cm.Initiate(ctx, c, o.cm())
 	if err != nil {
 		c.Close()
+		err = q.closedErr(fmt.Errorf("gowarp: connect %s: %w", peer, err))
 		q.Close()
-		return q.closedErr(fmt.Errorf("gowarp: connect %s: %w", peer, err))
+		return err
 	}
 	return q.begin(c, r, o, true)
 }
@@ -136,8 +138,9 @@ func (q *QP) Accept(ctx context.Context, req *cm.Request, o ConnectOptions) erro
 	r, err := req.Accept(ctx, o.cm())
 	if err != nil {
 		c.Close()
+		err = q.closedErr(err)
 		q.Close()
-		return q.closedErr(err)
+		return err
 	}
 	return q.begin(c, r, &o, false)
 }
@@ -162,6 +165,8 @@ func (q *QP) connecting(ctx context.Context, call string) (context.Context, cont
 
 // closedErr returns err, saying why if the queue pair was closed or failed
 // meanwhile: the cause (ErrClosed after a Close) is what callers match.
+// Callers look before they close the queue pair themselves, or every
+// failed connect would read as closed.
 func (q *QP) closedErr(err error) error {
 	if cause := q.Err(); cause != nil && cause != err {
 		return fmt.Errorf("%w (%w)", cause, err)
