@@ -98,7 +98,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	// perftest's defaults, filled in here so that a bad value is a usage
 	// error and the table shows what ran.
 	if err := perftest.Fill(&o); err != nil {
-		fmt.Fprintln(stderr, "gowarp perftest:", err)
+		perftestErr(stderr, err)
 		return exitUsage
 	}
 	o.Connect.NoP2P = !*p2p
@@ -134,7 +134,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		r, err = perftest.Serve(ctx, dev, ln, o)
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "gowarp perftest:", err)
+		perftestErr(stderr, err)
 		return exitFailure
 	}
 	if *asJSON {
@@ -144,4 +144,10 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	r.WriteTable(stdout, &o)
 	return exitOK
+}
+
+// perftestErr prints err after the command's name, once: the package's
+// own errors already begin with "perftest: ".
+func perftestErr(w io.Writer, err error) {
+	fmt.Fprintln(w, "gowarp perftest:", strings.TrimPrefix(err.Error(), "perftest: "))
 }

@@ -64,3 +64,17 @@ func TestPerftestBothWays(t *testing.T) {
 		})
 	}
 }
+
+// TestPerftestRefused: a client whose server is not there exits 1 saying
+// so once, with the command's name once (it said "gowarp perftest:
+// perftest: control connection: gowarp: queue pair closed (…refused)").
+func TestPerftestRefused(t *testing.T) {
+	port := strconv.Itoa(freePort(t)) // nothing listens there
+	var out, errb lockedBuf
+	code := dispatch(context.Background(), []string{"perftest", "write_bw", "127.0.0.1:" + port}, &out, &errb)
+	msg := errb.String()
+	if code != exitFailure || !strings.HasPrefix(msg, "gowarp perftest: control connection: ") ||
+		strings.Contains(msg, "perftest: perftest") || strings.Contains(msg, "closed") || !strings.Contains(msg, "refused") {
+		t.Fatalf("exit %d, stderr %q: want exit %d and one line saying the connection was refused", code, msg, exitFailure)
+	}
+}
