@@ -14,52 +14,19 @@ import (
 // Accept), the start of the paths, the nudge for siw's accept window, and
 // the end (Disconnect, Close).
 
-// ConnectOptions tune connection setup, on either side.
+// ConnectOptions tune connection setup, on either side. The root
+// package's ConnectOptions, converted to this type without a copy, is the
+// documented one; layout_test.go keeps the two alike field by field.
 type ConnectOptions struct {
-	// PrivateData goes to the peer in the MPA request or reply: at most
-	// 508 bytes (252 to interoperate with siw).
 	PrivateData []byte
-	// CRC asks for MPA CRC32c on every FPDU; the peer may ask too.
-	CRC bool
-	// MPARevision is 1 or 2 (default 2, with IRD/ORD negotiation).
+	CRC         bool
 	MPARevision int
-	// IRD and ORD bound inbound and outbound RDMA Reads in flight: 0
-	// means the default 16, NoReads (any negative value) none, and at
-	// most 128 are allowed. The peer's wishes adjust them (RFC 6581): our
-	// ORD is capped by the peer's IRD, and our IRD lifted to the peer's
-	// ORD unless it is NoReads; Params reports the outcome. With ORD 0
-	// PostSend refuses Reads (ErrZeroORD); with IRD 0 a peer's Read
-	// Request is answered with a Terminate.
-	IRD, ORD int
-	// NoP2P keeps Connect from asking for peer-to-peer mode; the
-	// connecting side must then send the first message, as with rping.
-	// By default revision 2 connections use peer-to-peer mode with a
-	// ready-to-receive message, so either side may send first.
-	NoP2P bool
-	// SendFirst lets a responder send before the initiator's first FPDU
-	// when peer-to-peer mode is not in use, as siw does. RFC 5044 §7.1.2
-	// has it wait, and so does gowarp by default; a protocol whose server
-	// speaks first on a connection without peer-to-peer mode needs this
-	// (perftest's write_lat over rdma_cm, which siw's clients speak), and
-	// must itself make sure the initiator is ready (perftest syncs over its
-	// control connection first). Initiators ignore it.
-	SendFirst bool
-	// MaxFPDU sets the size of full FPDUs on the wire; 0 sizes them to the
-	// TCP segment, as siw does.
-	MaxFPDU int
-	// NoNudge turns off the zero-length RDMA Writes with which a
-	// connecting queue pair wakes a responder that has not answered yet.
-	// Linux siw's responder sends its MPA reply before it hands the
-	// socket to its queue pair, and bytes that arrive in between stay
-	// unread until more bytes come (docs/interop.md §1): a first message
-	// sent at once may never be answered. So, by default, while the peer
-	// has sent nothing, a connecting queue pair that has sent something
-	// and been quiet for NudgeEvery sends a zero-length Write (STag 1, as
-	// siw's own ready-to-receive message; RFC 5040 places nothing for it),
-	// for the first 20 × NudgeEvery after connecting. Accept sends none.
-	NoNudge bool
-	// NudgeEvery is that quiet interval (default 200 ms).
-	NudgeEvery time.Duration
+	IRD, ORD    int
+	NoP2P       bool
+	SendFirst   bool
+	MaxFPDU     int
+	NoNudge     bool
+	NudgeEvery  time.Duration
 }
 
 // NoReads as ConnectOptions.IRD or ORD asks for none: IRD 0 serves no

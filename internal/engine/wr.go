@@ -54,18 +54,15 @@ type SGE struct {
 	Length int
 }
 
-// SendWR is a send-queue work request.
+// SendWR is a send-queue work request, laid out as the root package's
+// SendWR (documented there; layout_test.go keeps them alike).
 type SendWR struct {
-	ID    uint64
-	Op    WROp
-	Flags WRFlags
-	// SGL is the local memory: the data of a Send or Write, the sink of a
-	// Read (several SGEs make several Read Requests, one per SGE).
-	SGL []SGE
-	// RemoteAddr and RKey name the remote memory of a Write or Read.
-	RemoteAddr uint64
-	RKey       uint32
-	// InvalidateSTag is the peer's STag a Send with Invalidate kills.
+	ID             uint64
+	Op             WROp
+	Flags          WRFlags
+	SGL            []SGE
+	RemoteAddr     uint64
+	RKey           uint32
 	InvalidateSTag uint32
 }
 
