@@ -279,7 +279,7 @@ func (r *clientRun) bandwidth(ctx context.Context) (Result, error) {
 		}
 		for _, c := range wc[:n] {
 			if err := c.Err(); err != nil {
-				return Result{}, fmt.Errorf("%v completion: %w", c.Op, err)
+				return Result{}, r.completionErr(c, err)
 			}
 			if c.ID == flushID {
 				return bandwidthResult(r.test, o.Size, int(posted), time.Since(start)), nil
@@ -344,7 +344,7 @@ func (r *clientRun) readLat(ctx context.Context) (Result, error) {
 		}
 		for _, c := range wc[:n] {
 			if err := c.Err(); err != nil {
-				return Result{}, fmt.Errorf("%v completion: %w", c.Op, err)
+				return Result{}, r.completionErr(c, err)
 			}
 		}
 		t1 := time.Now()
@@ -376,7 +376,7 @@ func (r *clientRun) sendLat(ctx context.Context) (Result, error) {
 			}
 			for _, c := range wc[:n] {
 				if err := c.Err(); err != nil {
-					return Result{}, fmt.Errorf("%v completion: %w", c.Op, err)
+					return Result{}, r.completionErr(c, err)
 				}
 				if c.Op == gowarp.CompRecv {
 					got = true
@@ -392,4 +392,14 @@ func (r *clientRun) sendLat(ctx context.Context) (Result, error) {
 		t0 = t1
 	}
 	return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
+}
+
+// completionErr says why a completion failed: a flushed request's own
+// status tells nothing, the queue pair's error (the peer closed, the link
+// broke) does.
+func (r *clientRun) completionErr(c gowarp.Completion, err error) error {
+	if qerr := r.qp.Err(); qerr != nil && c.Status == gowarp.WRFlushError {
+		return fmt.Errorf("%v completion: %w: %w", c.Op, err, qerr)
+	}
+	return fmt.Errorf("%v completion: %w", c.Op, err)
 }

@@ -411,3 +411,30 @@ func TestSilentClientDelaysNobody(t *testing.T) {
 		t.Errorf("a client behind %d silent ones took %v", acceptors-1, d)
 	}
 }
+
+// TestServerGoneSaysWhy: a run whose server goes away ends with the
+// reason (the peer closed, the link broke), not a bare "work request
+// flushed", which is all a flushed completion's status says.
+func TestServerGoneSaysWhy(t *testing.T) {
+	for _, test := range []Test{WriteBW, SendLat} {
+		lb, err := StartLoopback(&Server{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := lb.Client.Run(context.Background(), test, Options{Size: 4096, Duration: 20 * time.Second})
+			errc <- err
+		}()
+		time.Sleep(300 * time.Millisecond)
+		lb.Close()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, gowarp.ErrPeerClosed) && !errors.Is(err, gowarp.ErrLinkLost) && !errors.Is(err, gowarp.ErrPeerTerminated) {
+				t.Errorf("%v with its server gone: %v, want the queue pair's reason", test, err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%v: the run went on after its server was gone", test)
+		}
+	}
+}
