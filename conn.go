@@ -212,15 +212,8 @@ func ReadConnRequest(ctx context.Context, c net.Conn) (*ConnRequest, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: ReadConnRequest with no connection", ErrBadConfig)
 	}
-	cm.SetNoDelay(c)
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cm.RequestTimeout)
-		defer cancel()
-	}
 	r, err := cm.ReadRequest(ctx, c)
 	if err != nil {
-		c.Close()
 		return nil, fmt.Errorf("gowarp: connection request from %v: %w", c.RemoteAddr(), err)
 	}
 	return &ConnRequest{r: r}, nil

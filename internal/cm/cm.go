@@ -93,14 +93,17 @@ type Result struct {
 	PrivateData []byte   // the peer's
 }
 
-// replyTimeout bounds the wait for a reply (siw waits 10 s) and for a
-// request on an accepted connection (siw: 5 s), where ctx sets no deadline.
+// replyTimeout bounds the exchange of an initiator or of an accepting
+// responder (siw waits 10 s for a reply) where ctx sets no deadline; a
+// request on an accepted connection has RequestTimeout.
 const replyTimeout = 10 * time.Second
 
-func deadline(ctx context.Context, c net.Conn) func() {
+// deadline puts ctx's deadline, or def from now, on c until the returned
+// func is called; ctx's end fires it at once.
+func deadline(ctx context.Context, c net.Conn, def time.Duration) func() {
 	d, ok := ctx.Deadline()
 	if !ok {
-		d = time.Now().Add(replyTimeout)
+		d = time.Now().Add(def)
 	}
 	c.SetDeadline(d)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
@@ -149,7 +152,7 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 	if err := o.check(); err != nil {
 		return Result{}, err
 	}
-	defer deadline(ctx, c)()
+	defer deadline(ctx, c, replyTimeout)()
 	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
 	if o.Revision == 2 {
 		req.Enhanced = true
@@ -250,11 +253,21 @@ func (r *Request) ReadLimits() (ird, ord int, ok bool) {
 	return int(f.IRD), int(f.ORD), true
 }
 
-// ReadRequest reads the initiator's request on an accepted socket. A
-// request gowarp cannot serve (markers, unknown revision) is rejected here
-// and reported as an error.
+// ReadRequest reads the initiator's request on an accepted socket,
+// waiting RequestTimeout where ctx sets no deadline. A request gowarp
+// cannot serve (markers, unknown revision) is rejected here and reported
+// as an error; on any error c is closed.
 func ReadRequest(ctx context.Context, c net.Conn) (*Request, error) {
-	stop := deadline(ctx, c)
+	SetNoDelay(c)
+	req, err := readRequest(ctx, c)
+	if err != nil {
+		c.Close()
+	}
+	return req, err
+}
+
+func readRequest(ctx context.Context, c net.Conn) (*Request, error) {
+	stop := deadline(ctx, c, RequestTimeout)
 	f, err := readFrame(c)
 	stop()
 	if err != nil {
@@ -281,7 +294,7 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	if err := o.check(); err != nil {
 		return Result{}, err
 	}
-	defer deadline(ctx, r.c)()
+	defer deadline(ctx, r.c, replyTimeout)()
 	f := &r.Frame
 	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.ird(), ORD: o.ord(), HoldTx: true, PrivateData: f.PrivateData}
 	rep := wire.MPAFrame{Reply: true, CRC: res.CRC, Revision: f.Revision, PrivateData: o.PrivateData}
@@ -343,7 +356,7 @@ func ctxErr(ctx context.Context, err error) error {
 				return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
 			}
 		} else {
-			return fmt.Errorf("no MPA frame from the peer in %v: %w", replyTimeout, err)
+			return fmt.Errorf("MPA exchange timed out: %w", err)
 		}
 	}
 	if errors.Is(err, io.EOF) {

@@ -78,7 +78,6 @@ func (l *Listener) acceptLoop() {
 
 // handshake reads one connection's MPA request and queues it for Accept.
 func (l *Listener) handshake(c net.Conn) {
-	SetNoDelay(c)
 	ctx, cancel := context.WithTimeout(context.Background(), RequestTimeout)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {
@@ -92,7 +91,6 @@ func (l *Listener) handshake(c net.Conn) {
 	req, err := ReadRequest(ctx, c)
 	if err != nil {
 		l.log.Info("gowarp: dropped connection", "peer", c.RemoteAddr(), "err", err)
-		c.Close()
 		return
 	}
 	select {
