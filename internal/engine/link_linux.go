@@ -208,7 +208,7 @@ type writeVecs struct {
 	msg [maxIov]mmsghdr
 }
 
-var writeVecFree = newFreeList(32, func() *writeVecs { return new(writeVecs) })
+var writeVecFree = newFreeList(1024, func() *writeVecs { return new(writeVecs) })
 
 // Writev sends bufs as records, all in one system call.
 func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {

@@ -114,7 +114,7 @@ type txBufs struct {
 	arena   []byte
 }
 
-var txFree = newFreeList(32, func() *txBufs {
+var txFree = newFreeList(1024, func() *txBufs {
 	return &txBufs{
 		iov:     make([][]byte, 0, maxIov),
 		recs:    make([]int, 0, maxIov),
