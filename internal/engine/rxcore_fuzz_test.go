@@ -13,7 +13,7 @@ import (
 
 // fuzzSTag is a placeholder the fuzz inputs use for the STags of the
 // environment's regions, which are drawn at random: fuzzSTag+i names
-// region i of coreEnv.all, fuzzSTag+0xff the receive buffers' region.
+// region i of coreEnv.all (the receive buffers' is e.local, +5).
 const fuzzSTag = 0xabcd0000
 
 // fuzzStags replaces the placeholders in b by the environment's STags.
@@ -63,6 +63,9 @@ func FuzzCore(f *testing.F) {
 		e.read(t, 3, 0, 64)
 		in = bytes.Clone(in)
 		fuzzStags(in, e)
+		if crc {
+			withCRCs(in) // or every input would stop at its first trailer
+		}
 		q := e.q
 		err := feedCore(t, &q.rx, in, randomCuts(len(in), rand.New(rand.NewPCG(seed, 1))))
 		if err != nil {
@@ -92,4 +95,17 @@ func FuzzCore(f *testing.F) {
 			}
 		}
 	})
+}
+
+// withCRCs puts the right CRC in the trailer of every whole FPDU at the
+// start of b, as far as its length fields frame it.
+func withCRCs(b []byte) {
+	for len(b) >= 2 {
+		n := wire.FPDULen(int(binary.BigEndian.Uint16(b)))
+		if n > len(b) {
+			return
+		}
+		binary.LittleEndian.PutUint32(b[n-wire.CRCLen:], wire.CRC32c(b[:n-wire.CRCLen]))
+		b = b[n:]
+	}
 }

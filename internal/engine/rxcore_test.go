@@ -120,6 +120,9 @@ func (e *coreEnv) reset(t testing.TB, crc bool, ird int) *sinkLink {
 	for _, m := range e.all {
 		copy(m.Bytes(), e.fill)
 	}
+	if e.inv != nil {
+		e.inv.Deregister() // the last queue pair's (a fuzz run makes thousands)
+	}
 	inv, err := e.table.Register(1, [][]byte{make([]byte, 64)}, mem.RemoteWrite|mem.LocalWrite|mem.RemoteInvalidate, mem.Options{Addr: coreBase})
 	if err != nil {
 		t.Fatal(err)
@@ -544,9 +547,10 @@ func hostileCoreCases() []coreCase {
 		}
 	}
 	recv64 := func(t testing.TB, e *coreEnv) { e.recv(t, 100, 64) }
-	// A good Write first: the fault comes in the middle of the stream.
+	// A good Write first, where no case writes: the fault comes in the
+	// middle of the stream, and the Write stays placed.
 	lead := func(f func(e *coreEnv) []byte) func(e *coreEnv) []byte {
-		return func(e *coreEnv) []byte { return append(e.write(e.rw.STag(), coreBase+100, pattern(40, 9)), f(e)...) }
+		return func(e *coreEnv) []byte { return append(e.write(e.rw.STag(), coreBase+3000, pattern(40, 9)), f(e)...) }
 	}
 	cases := []coreCase{
 		{name: "write to unknown STag", stream: w(func(e *coreEnv) (mem.STag, uint64) { return 0x00ffff00, 0 }), want: wire.ErrDDPInvalidSTag, echo: true},
@@ -665,6 +669,13 @@ func hostileCoreCases() []coreCase {
 		c := cases[i]
 		c.name += " after a Write"
 		c.stream = lead(c.stream)
+		check := c.check
+		c.check = func(t testing.TB, e *coreEnv, x *coreEffects) {
+			wantMem(t, e.rw, 3000, pattern(40, 9))
+			if check != nil {
+				check(t, e, x)
+			}
+		}
 		cases = append(cases, c)
 	}
 	return cases
@@ -789,7 +800,10 @@ func checkTerminate(t testing.TB, c *coreCase, x *coreEffects, crc bool, in []by
 	if c.status != Success {
 		want = c.status
 	}
-	if recv != nil && recv.Status != want {
+	switch {
+	case recv == nil && c.status != Success:
+		t.Errorf("receive 100 did not complete, want status %v", want)
+	case recv != nil && recv.Status != want:
 		t.Errorf("receive completed %+v, want status %v", *recv, want)
 	}
 }
@@ -818,5 +832,10 @@ func TestCoreReleaseMidPayload(t *testing.T) {
 	}
 	if e.rw.Placed() != 0 {
 		t.Errorf("placed %d bytes", e.rw.Placed())
+	}
+	// Placed counts whole FPDUs only: look at the memory the rest of the
+	// payload would have reached.
+	if !bytes.Equal(e.rw.Bytes()[1500:3000], e.fill[1500:3000]) {
+		t.Error("bytes fed after the release were placed")
 	}
 }
