@@ -229,7 +229,11 @@ func measureQPMem(ctx context.Context, c qpmemConfig) (*qpmemReport, error) {
 	}
 	opts := gowarp.ConnectOptions{CRC: c.crc}
 
-	// Accept: the private data names the pair.
+	// Accept: the private data names the pair. The first failure on
+	// either side cancels the other's waits (an acceptor left in Accept,
+	// or Connects to an acceptor that gave up, would wait for ctx).
+	setup, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var accWG sync.WaitGroup
 	accErr := make(chan error, workers)
 	var accepted atomic.Int64
@@ -238,9 +242,10 @@ func measureQPMem(ctx context.Context, c qpmemConfig) (*qpmemReport, error) {
 		go func() {
 			defer accWG.Done()
 			for accepted.Add(1) <= int64(len(pairs)) {
-				req, err := ln.Accept(ctx)
+				req, err := ln.Accept(setup)
 				if err != nil {
 					accErr <- err
+					cancel()
 					return
 				}
 				pd := req.PrivateData()
@@ -251,10 +256,12 @@ func measureQPMem(ctx context.Context, c qpmemConfig) (*qpmemReport, error) {
 				if i < 0 || i >= len(pairs) {
 					req.Reject(nil)
 					accErr <- fmt.Errorf("connection request with private data %x", pd)
+					cancel()
 					return
 				}
-				if err := req.Accept(ctx, pairs[i].b, opts); err != nil {
+				if err := req.Accept(setup, pairs[i].b, opts); err != nil {
 					accErr <- fmt.Errorf("accepting pair %d: %w", i, err)
+					cancel()
 					return
 				}
 			}
@@ -263,17 +270,19 @@ func measureQPMem(ctx context.Context, c qpmemConfig) (*qpmemReport, error) {
 	err = forPairs(workers, len(pairs), func(w, i int) error {
 		o := opts
 		o.PrivateData = binary.BigEndian.AppendUint32(nil, uint32(i))
-		if err := pairs[i].a.Connect(ctx, ln.Addr().String(), o); err != nil {
+		if err := pairs[i].a.Connect(setup, ln.Addr().String(), o); err != nil {
+			cancel()
 			return fmt.Errorf("connecting pair %d: %w", i, err)
 		}
 		return nil
 	})
 	accWG.Wait()
 	close(accErr)
-	if err != nil {
-		return nil, err
+	aerr := <-accErr
+	if err == nil || aerr != nil && errors.Is(err, context.Canceled) {
+		err = aerr // the side that failed first, not the one it canceled
 	}
-	if err := <-accErr; err != nil {
+	if err != nil {
 		return nil, err
 	}
 	ln.Close()
