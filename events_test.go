@@ -178,6 +178,18 @@ func TestEventCQOverrun(t *testing.T) {
 		}
 	case <-time.After(20 * time.Millisecond):
 	}
+	// b stays ready after the overrun; when it fails later, Err says why
+	// it failed, not that it once lost a completion.
+	a.Close()
+	for b.State() != gowarp.StateError {
+		if ctx.Err() != nil {
+			t.Fatal("b did not fail after its peer closed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := b.Err(); !errors.Is(err, gowarp.ErrPeerClosed) && !errors.Is(err, gowarp.ErrPeerTerminated) && !errors.Is(err, gowarp.ErrLinkLost) {
+		t.Fatalf("b's Err after its peer closed: %v, want the peer's leaving", err)
+	}
 }
 
 // TestEventsUnread: a device whose events nobody reads keeps working; the

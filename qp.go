@@ -40,8 +40,8 @@ func (qp *QP) Close() error { return qp.q.Close() }
 // State returns the queue pair's state.
 func (qp *QP) State() State { return State(qp.q.State()) }
 
-// Err returns why the queue pair left the ready state, or ErrCQOverrun if
-// it lost a completion to a full queue (it stays ready then), or nil.
+// Err returns why the queue pair left the ready state; while it is still
+// ready, ErrCQOverrun if it lost a completion to a full queue, or nil.
 func (qp *QP) Err() error { return qp.q.Err() }
 
 // Params returns what connection setup settled.

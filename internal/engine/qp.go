@@ -292,8 +292,8 @@ func NewQP(cfg Config) (*QP, error) {
 // State returns the queue pair's state.
 func (q *QP) State() State { return State(q.state.Load()) }
 
-// Err returns why the queue pair left the ready state, or ErrCQOverrun if
-// it lost a completion to a full queue (it stays ready then), or nil.
+// Err returns why the queue pair left the ready state; while it is still
+// ready, ErrCQOverrun if it lost a completion to a full queue, or nil.
 func (q *QP) Err() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()

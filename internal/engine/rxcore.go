@@ -15,8 +15,11 @@ import (
 // core parses, checks, places and acts on them, and can stop anywhere
 // (in a header, a payload or a trailer) and resume there, as siw's
 // receive state machine does. It touches the queue pair's protocol state
-// (queues, ORQ/IRQ, MSNs, regions, CQs), never a socket, a goroutine, a
-// deadline or a clock.
+// (queues, ORQ/IRQ, MSNs, regions, CQs) and reads no socket, sets no
+// deadline and reads no clock. One effect leaves it: a queued Read
+// Request or the first FPDU kicks the transmit path, which may write
+// Read Responses to the link on the calling goroutine (the table tests
+// give it a link that records them).
 
 const (
 	// rxStaging is the receive staging buffer: headers, trailers and small

@@ -34,9 +34,8 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 	}
 	q.state.Store(int32(StateError))
 	close(q.failed) // once: the state check above runs under q.mu
-	q.drainedLocked()
-	if q.err == nil {
-		q.err = cause
+	if q.err == nil || q.err == ErrCQOverrun {
+		q.err = cause // why it leaves the ready state, an overrun or not
 	}
 	q.flushLocked()
 	q.emitFailureLocked(cause)
@@ -167,7 +166,7 @@ func (q *QP) peerTerminated(pt *peerTerminate) {
 	// The error is recorded with the status, under one lock: the transmit
 	// path may complete the entry before fail runs, and an application
 	// that sees that completion must find the reason in Err.
-	if q.err == nil && q.State() != StateError {
+	if (q.err == nil || q.err == ErrCQOverrun) && q.State() != StateError {
 		q.err = cause
 	}
 	if h, ok := pt.t.DDPHeader(); ok {
