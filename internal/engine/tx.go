@@ -213,14 +213,12 @@ func (q *QP) transmit(block bool) {
 			if t.left == 0 {
 				t.drop()
 				closeLink := q.releaseTxLocked()
+				if q.cfg.Completion == Acked {
+					q.startTxLocked() // the transmit goroutine watches the acknowledgements
+				}
 				q.mu.Unlock()
 				if closeLink {
 					q.link.Close()
-				}
-				if q.cfg.Completion == Acked {
-					q.mu.Lock()
-					q.startTxLocked() // the transmit goroutine watches the acknowledgements
-					q.mu.Unlock()
 				}
 				return
 			}
