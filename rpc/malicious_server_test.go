@@ -38,8 +38,10 @@ func serveRaw(t *testing.T) (string, chan *rawServer) {
 		s := &rawServer{pd: dev.AllocPD(), cq: dev.NewCQ(64), buf: make([]byte, 1<<20)}
 		s.qp, _ = s.pd.NewQP(gowarp.QPConfig{SendCQ: s.cq, RecvCQ: s.cq})
 		s.mr, _ = s.pd.Register(s.buf, gowarp.LocalWrite)
-		for range 8 { // room for the call and for cancels
-			s.qp.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: s.mr, Offset: 64 << 10, Length: defaultMsg}}})
+		// Room for the call and for cancels, each in its own place: a
+		// cancel landing while the call is read must not write over it.
+		for i := range 8 {
+			s.qp.PostRecv(&gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: s.mr, Offset: 64<<10 + i*defaultMsg, Length: defaultMsg}}})
 		}
 		hi := hello{Slots: 4, MaxMessage: defaultMsg, Session: 42}.append(nil)
 		if err := req.Accept(context.Background(), s.qp, gowarp.ConnectOptions{PrivateData: hi}); err != nil {
@@ -55,7 +57,8 @@ func serveRaw(t *testing.T) (string, chan *rawServer) {
 			n := s.cq.Poll(wc[:])
 			for _, c := range wc[:n] {
 				if c.Op == gowarp.CompRecv && c.Err() == nil {
-					s.call, _ = parseCall(bytes.Clone(s.buf[64<<10 : 64<<10+c.Bytes]))
+					at := 64<<10 + int(c.ID)*defaultMsg
+					s.call, _ = parseCall(bytes.Clone(s.buf[at : at+c.Bytes]))
 					out <- s
 					return
 				}
