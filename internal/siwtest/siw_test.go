@@ -461,10 +461,22 @@ func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (det
 			fail("server printed %v, gowarp sent %v", theirs[1:], mine[1:])
 		}
 	} else if bw, _ := strconv.ParseFloat(theirs[4], 64); bw <= 0 {
-		fail("send_bw server measured %s MB/s", theirs[4])
+		if perftestNoClock.MatchString(gout) {
+			// perftest found its cycle counter unusable against the
+			// clock (a stall of the emulated guest) and prints 0 for every
+			// rate: its count of messages received, checked above, is
+			// what it can still tell.
+			detail += "; siw's server could not calibrate its clock (perftest: r^2 < 0.9), so its rates read 0"
+		} else {
+			fail("send_bw server measured %s MB/s", theirs[4])
+		}
 	}
 	return detail, problems
 }
+
+// perftestNoClock is perftest's warning that its CPU frequency estimate
+// failed (get_cpu_mhz), after which it reports every rate as 0.
+var perftestNoClock = regexp.MustCompile(`Correlation coefficient r\^2: [0-9.e-]+ < 0\.9`)
 
 // rpingServer starts a 64-byte rping server in the guest.
 func (s *suite) rpingServer(ctx context.Context, t *testing.T) *guestJob {
