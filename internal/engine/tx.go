@@ -86,7 +86,8 @@ type txState struct {
 
 	maxTagged, maxUntagged int  // payload bytes per full FPDU
 	seg                    int  // bytes of a full FPDU
-	align                  bool // full FPDUs fill TCP segments exactly
+	align                  bool // FPDUs fill TCP segments exactly
+	segLen                 int  // where they do, the bytes of a segment
 	// recMax bounds the bytes of a record where full FPDUs do not fill
 	// segments (the MSS, 0 where unknown), read again when the stream has
 	// passed mssNext.
@@ -156,20 +157,30 @@ func (t *txState) init(q *QP, l Link) {
 	t.lastEnd = -1
 	mss := l.MSS()
 	t.recMax, t.mssNext = recLimit(mss), mssEvery
+	// On a link with real segments, FPDUs fill them exactly (RFC 5044
+	// §4.4), as siw's do: none straddles two segments (see place). TCP
+	// cuts at multiples of the MSS, so that must be a multiple of the
+	// FPDUs' 4 bytes.
+	realLink := mss >= 536 && mss <= alignMaxSeg && mss%4 == 0
 	seg := q.params.MaxFPDU
-	if seg <= 0 {
-		seg = mss
-		// On a link with real segments, FPDUs fill them exactly (RFC 5044
-		// §4.4), as siw's do: none straddles two segments (see place).
-		// TCP cuts at multiples of the MSS, so that must be a multiple of
-		// the FPDUs' 4 bytes.
-		t.align = seg >= 536 && seg <= alignMaxSeg && seg%4 == 0
+	switch {
+	case seg <= 0 && realLink:
+		t.align, t.segLen, seg = true, mss, mss
+	case seg <= 0:
 		// Elsewhere (loopback) a full FPDU fills a record, and grows
 		// with it (see build).
-		t.grow = !t.align && t.recMax > 0
-		if t.grow {
-			seg = t.recMax
-		}
+		t.grow = t.recMax > 0
+		seg = t.recMax
+	case realLink && seg <= mss:
+		// FPDUs of the size asked for fill segments too: fit cuts one
+		// to fill the end of a segment.
+		t.align, t.segLen = true, mss
+	case realLink:
+		// FPDUs larger than a segment cannot lie in one. Records bounded
+		// by the MSS would only make each FPDU a buffer of TCP's of its
+		// own (with MaxFPDU 8192 over veth, write_bw at a tenth of
+		// plain TCP's): the batch goes as one record.
+		t.recMax = 0
 	}
 	if seg <= 0 {
 		seg = 64 << 10
@@ -179,10 +190,11 @@ func (t *txState) init(q *QP, l Link) {
 
 // setSeg sets the bytes of a full FPDU.
 func (t *txState) setSeg(seg int) {
+	seg = max(seg, 64)
 	if t.align {
 		seg &^= 3 // full FPDUs are 4-byte multiples
 	} else {
-		seg = max(seg, 64) &^ 7
+		seg &^= 7
 	}
 	t.seg = seg
 	t.maxTagged = min(seg-2-wire.TaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.TaggedHeaderLen) &^ 3
@@ -450,21 +462,21 @@ func (t *txState) place(sz int) {
 		// A message of one FPDU across two segments (see fit): TCP's
 		// segments stay where they were, and the FPDUs after it fit them.
 		t.straddle = false
-		t.segFill += sz - t.seg
-		t.recBytes += t.seg
+		t.segFill += sz - t.segLen
+		t.recBytes += t.segLen
 		t.recFPDUs = 0
 		return
 	}
 	if t.align {
-		small := sz*maxSmallPerSegment < t.seg
-		if t.segFill+sz > t.seg || small && t.recFPDUs == maxSmallPerSegment {
+		small := sz*maxSmallPerSegment < t.segLen
+		if t.segFill+sz > t.segLen || small && t.recFPDUs == maxSmallPerSegment {
 			t.endRecord()
 		}
 		if small {
 			t.recFPDUs++
 		}
 		t.segFill += sz
-		if t.segFill == t.seg {
+		if t.segFill == t.segLen {
 			t.segFill, t.recFPDUs, t.segDone = 0, 0, true
 		}
 		return
@@ -519,9 +531,9 @@ func (t *txState) end(n int) {
 	t.built = t.written + uint64(t.left)
 	if t.segDone {
 		t.segDone = false
-		t.recBytes += t.seg
+		t.recBytes += t.segLen
 		switch {
-		case t.recBytes+t.seg > maxAlignedRecord:
+		case t.recBytes+t.segLen > maxAlignedRecord:
 			t.endRecord()
 		case len(t.segEnds) < cap(t.segEnds):
 			t.segEnds = append(t.segEnds, len(t.iov))
@@ -597,7 +609,7 @@ func (t *txState) records() []int {
 // three. No cut leaves a piece of less than minPiece (see there).
 func (t *txState) fit(n, left, hdr int, first bool) int {
 	if t.align {
-		r := t.seg - t.segFill
+		r := t.segLen - t.segFill
 		if wire.FPDULen(hdr+n) <= r {
 			return n
 		}
@@ -608,7 +620,7 @@ func (t *txState) fit(n, left, hdr int, first bool) int {
 			// segment and a buffer of TCP's each) at 0.4.
 			// A small one ends the record instead, as it would every
 			// maxSmallPerSegment.
-			if wire.FPDULen(hdr+n)*maxSmallPerSegment < t.seg {
+			if wire.FPDULen(hdr+n)*maxSmallPerSegment < t.segLen {
 				t.endRecord()
 			} else {
 				t.straddle = true
