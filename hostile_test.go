@@ -72,8 +72,18 @@ func TestBadInputTerminates(t *testing.T) {
 		}, want: wire.ErrDDPInvalidQN, echo: true},
 		{name: "unknown opcode", send: func(e *env) {
 			h := hdr(wire.OpSend)
-			h.Opcode = 9
+			h.Opcode = 0xc
 			e.p.send(h, nil, nil)
+		}, want: wire.ErrRDMAPOpcode},
+		{name: "Atomic Request not negotiated", send: func(e *env) {
+			h := hdr(wire.OpAtomicRequest)
+			h.MSN = 1
+			e.p.send(h, (&wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.rw.STag()), RemoteTO: e.rw.Addr(), AddSwap: 1}).Append(nil), nil)
+		}, want: wire.ErrRDMAPOpcode},
+		{name: "Immediate Data not negotiated", recv: 64, send: func(e *env) {
+			h := hdr(wire.OpImmediate)
+			h.MSN = 1
+			e.p.send(h, wire.AppendImmediate(nil, 7), nil)
 		}, want: wire.ErrRDMAPOpcode},
 		{name: "tagged Send", send: func(e *env) {
 			h := hdr(wire.OpWrite)

@@ -14,6 +14,13 @@ const (
 	OpSendSE       Opcode = 0x5 // Send with Solicited Event
 	OpSendSEInv    Opcode = 0x6 // Send with Solicited Event and Invalidate
 	OpTerminate    Opcode = 0x7
+
+	// RFC 7306 extensions, spoken only to a peer that offered them
+	// (OpInfo.Ext; gowarp negotiates them in the MPA private data).
+	OpImmediate      Opcode = 0x8 // Immediate Data
+	OpImmediateSE    Opcode = 0x9 // Immediate Data with Solicited Event
+	OpAtomicRequest  Opcode = 0xa
+	OpAtomicResponse Opcode = 0xb
 )
 
 // Untagged queue numbers (RFC 5040 §5.1).
@@ -21,6 +28,9 @@ const (
 	QNSend      = 0
 	QNRead      = 1
 	QNTerminate = 2
+	// QNAtomicResponse carries Atomic Responses (RFC 7306 §8; Atomic
+	// Requests share QNRead with Read Requests, as they share IRD/ORD).
+	QNAtomicResponse = 3
 )
 
 // RDMAP and DDP versions gowarp speaks (RFC 5040/5041: both 1).
@@ -41,6 +51,10 @@ type OpInfo struct {
 	Extra int
 	// Send is true for the four Send opcodes (consume a receive WQE).
 	Send bool
+	// Ext marks RFC 7306's opcodes: a receiver takes them only from a
+	// peer it negotiated them with, and refuses them otherwise as
+	// unexpected opcodes.
+	Ext bool
 }
 
 // Ops is the opcode table, indexed by opcode.
@@ -53,6 +67,11 @@ var Ops = [16]OpInfo{
 	OpSendSE:       {Name: "Send with Solicited Event", Valid: true, QN: QNSend, Send: true},
 	OpSendSEInv:    {Name: "Send with Solicited Event and Invalidate", Valid: true, QN: QNSend, Send: true},
 	OpTerminate:    {Name: "Terminate", Valid: true, QN: QNTerminate, Extra: terminateCtlLen},
+
+	OpImmediate:      {Name: "Immediate Data", Valid: true, Ext: true, QN: QNSend, Extra: ImmediateLen},
+	OpImmediateSE:    {Name: "Immediate Data with Solicited Event", Valid: true, Ext: true, QN: QNSend, Extra: ImmediateLen},
+	OpAtomicRequest:  {Name: "Atomic Request", Valid: true, Ext: true, QN: QNRead, Extra: AtomicRequestLen},
+	OpAtomicResponse: {Name: "Atomic Response", Valid: true, Ext: true, QN: QNAtomicResponse, Extra: AtomicResponseLen},
 }
 
 func (o Opcode) String() string {
@@ -66,7 +85,7 @@ func (o Opcode) String() string {
 func (o Opcode) Info() OpInfo { return Ops[o&0xf] }
 
 // Solicited reports whether the opcode carries a solicited event.
-func (o Opcode) Solicited() bool { return o == OpSendSE || o == OpSendSEInv }
+func (o Opcode) Solicited() bool { return o == OpSendSE || o == OpSendSEInv || o == OpImmediateSE }
 
 // Invalidates reports whether the opcode invalidates an STag at the peer.
 func (o Opcode) Invalidates() bool { return o == OpSendInv || o == OpSendSEInv }

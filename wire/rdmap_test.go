@@ -22,6 +22,12 @@ func TestOpcodeTable(t *testing.T) {
 		{OpSendSE, "Send with Solicited Event", false, QNSend, 0, true, true, false, 18, 0x4145, 0x0145},
 		{OpSendSEInv, "Send with Solicited Event and Invalidate", false, QNSend, 0, true, true, true, 18, 0x4146, 0x0146},
 		{OpTerminate, "Terminate", false, QNTerminate, 4, false, false, false, 22, 0x4147, 0x0147},
+		// RFC 7306 §4.1, §5.1: Immediate Data on the Send queue with an
+		// 8-byte body; Atomic Requests on the Read queue, Responses on 3.
+		{OpImmediate, "Immediate Data", false, QNSend, 8, false, false, false, 26, 0x4148, 0x0148},
+		{OpImmediateSE, "Immediate Data with Solicited Event", false, QNSend, 8, false, true, false, 26, 0x4149, 0x0149},
+		{OpAtomicRequest, "Atomic Request", false, QNRead, 52, false, false, false, 70, 0x414a, 0x014a},
+		{OpAtomicResponse, "Atomic Response", false, QNAtomicResponse, 12, false, false, false, 30, 0x414b, 0x014b},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -29,6 +35,9 @@ func TestOpcodeTable(t *testing.T) {
 			if !info.Valid || info.Name != tt.name || info.Tagged != tt.tagged || info.QN != tt.qn ||
 				info.Extra != tt.extra || info.Send != tt.send {
 				t.Errorf("Info() = %+v", info)
+			}
+			if info.Ext != (tt.op >= OpImmediate) {
+				t.Errorf("Ext = %v", info.Ext)
 			}
 			if tt.op.String() != tt.name {
 				t.Errorf("String() = %q", tt.op.String())
@@ -50,9 +59,14 @@ func TestOpcodeTable(t *testing.T) {
 			}
 		})
 	}
-	for op := Opcode(8); op < 16; op++ {
+	for op := Opcode(0); op < 8; op++ {
+		if op.Info().Ext {
+			t.Errorf("%v is marked as an RFC 7306 extension", op)
+		}
+	}
+	for op := Opcode(0xc); op < 16; op++ {
 		if op.Info().Valid {
-			t.Errorf("%v is Valid; siw and gowarp support opcodes 0-7 only", op)
+			t.Errorf("%v is Valid; RFC 5040 and RFC 7306 define opcodes 0-0xb only", op)
 		}
 		if op.Solicited() || op.Invalidates() {
 			t.Errorf("%v claims a solicited event or invalidation", op)

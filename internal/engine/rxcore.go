@@ -434,6 +434,10 @@ func checkHeader(h *wire.Header) error {
 	switch {
 	case !info.Valid:
 		return newFault(wire.ErrRDMAPOpcode, "%v", h.Opcode)
+	case info.Ext:
+		// RFC 7306's opcodes are not taken from a peer that did not
+		// negotiate them, and gowarp does not yet negotiate them.
+		return newFault(wire.ErrRDMAPOpcode, "%v, an extension not negotiated", h.Opcode)
 	case info.Tagged != h.Tagged:
 		return newFault(wire.ErrRDMAPOpcode, "%v in the wrong buffer model", h.Opcode)
 	case !h.Tagged && h.QN != info.QN:

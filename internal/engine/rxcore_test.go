@@ -604,7 +604,20 @@ func hostileCoreCases() []coreCase {
 			want: wire.ErrDDPInvalidQN, echo: true},
 		{name: "send with invalidate of a foreign STag", setup: recv64, stream: raw(wire.OpSendInv, func(h *wire.Header) { h.MSN, h.RsvdULP = 1, 0x00ffff00 }, nil),
 			want: wire.ErrRDMAPCannotInvalidate, echo: true},
-		{name: "unknown opcode", stream: raw(wire.OpSend, func(h *wire.Header) { h.Opcode = 9 }, nil), want: wire.ErrRDMAPOpcode},
+		{name: "unknown opcode", stream: raw(wire.OpSend, func(h *wire.Header) { h.Opcode = 0xc }, nil), want: wire.ErrRDMAPOpcode},
+		// RFC 7306's opcodes, whole and well formed, from a peer that did
+		// not negotiate them: refused as unexpected, before any effect.
+		{name: "Immediate Data not negotiated", setup: recv64, stream: raw(wire.OpImmediate, func(h *wire.Header) { h.MSN = 1 },
+			wire.AppendImmediate(nil, 7)), want: wire.ErrRDMAPOpcode},
+		{name: "Immediate Data with SE not negotiated", setup: recv64, stream: raw(wire.OpImmediateSE, func(h *wire.Header) { h.MSN = 1 },
+			wire.AppendImmediate(nil, 7)), want: wire.ErrRDMAPOpcode},
+		{name: "Atomic Request not negotiated", ird: 4, stream: func(e *coreEnv) []byte {
+			h := chdr(wire.OpAtomicRequest)
+			h.MSN = 1
+			return e.fpdu(h, (&wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.rw.STag()), RemoteTO: coreBase, AddSwap: 1}).Append(nil), nil)
+		}, want: wire.ErrRDMAPOpcode},
+		{name: "Atomic Response not negotiated", stream: raw(wire.OpAtomicResponse, func(h *wire.Header) { h.MSN = 1 },
+			(&wire.AtomicResponse{ReqID: 1, Original: 5}).Append(nil)), want: wire.ErrRDMAPOpcode},
 		{name: "tagged Send", stream: raw(wire.OpWrite, func(h *wire.Header) { h.Opcode = wire.OpSend }, nil), want: wire.ErrRDMAPOpcode},
 		{name: "RDMAP version 2", stream: raw(wire.OpWrite, func(h *wire.Header) { h.RDMAPVersion = 2 }, nil), want: wire.ErrRDMAPVersion},
 		{name: "DDP version 0 tagged", stream: raw(wire.OpWrite, func(h *wire.Header) { h.DDPVersion = 0 }, nil), want: wire.ErrDDPTaggedVersion},
