@@ -50,6 +50,9 @@ type Options struct {
 	// NoP2P keeps an initiator from offering peer-to-peer mode: without
 	// it the initiator must send the first FPDU, as rping and perftest do.
 	NoP2P bool
+	// Ext offers RFC 7306's extensions (see ext.go): an initiator adds
+	// its offer to the request, a responder answers one it received.
+	Ext bool
 }
 
 func (o *Options) defaults() {
@@ -77,6 +80,9 @@ func (o *Options) check() error {
 	if o.Revision == 2 {
 		max -= 4
 	}
+	if o.Ext {
+		max -= extBlockLen
+	}
 	if len(o.PrivateData) > max {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPrivateDataLong, len(o.PrivateData), max)
 	}
@@ -91,6 +97,9 @@ type Result struct {
 	SendRTR     wire.RTR // the RTR this side must send first (initiator)
 	HoldTx      bool     // send nothing before the peer's first FPDU (responder)
 	PrivateData []byte   // the peer's
+	// Ext: both sides offered RFC 7306's extensions, which may then be
+	// sent and are taken; without it neither is.
+	Ext bool
 }
 
 // replyTimeout bounds the exchange of an initiator or of an accepting
@@ -154,6 +163,9 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 	}
 	defer deadline(ctx, c, replyTimeout)()
 	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
+	if o.Ext {
+		req.PrivateData = appendExt(o.PrivateData)
+	}
 	if o.Revision == 2 {
 		req.Enhanced = true
 		req.IRD, req.ORD = uint16(o.ird()), uint16(o.ord())
@@ -185,6 +197,10 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("%w: revision 2 reply without IRD/ORD", ErrProtocol)
 	}
 	r := Result{Revision: o.Revision, CRC: o.CRC || rep.CRC, IRD: o.ird(), ORD: o.ord(), PrivateData: rep.PrivateData}
+	if o.Ext {
+		// Only a responder that saw our offer answers with its own.
+		r.PrivateData, r.Ext = cutExt(rep.PrivateData)
+	}
 	if rep.Enhanced {
 		// The responder's ORD is how many Reads it may send us: our IRD
 		// must cover it, lifted if need be (siw's relaxed rule), unless
@@ -233,8 +249,13 @@ func terminate(c net.Conn, crc bool, e *wire.TermError) {
 // Request is a connection request read by a responder.
 type Request struct {
 	c     net.Conn
-	Frame wire.MPAFrame
+	Frame wire.MPAFrame // its private data without the offer block
+	// ext: the initiator offered RFC 7306's extensions.
+	ext bool
 }
+
+// OffersExt reports whether the initiator offered RFC 7306's extensions.
+func (r *Request) OffersExt() bool { return r.ext }
 
 // PrivateData returns the initiator's private data.
 func (r *Request) PrivateData() []byte { return r.Frame.PrivateData }
@@ -277,6 +298,7 @@ func readRequest(ctx context.Context, c net.Conn) (*Request, error) {
 		return nil, fmt.Errorf("%w: a reply where the request was due", ErrProtocol)
 	}
 	req := &Request{c: c, Frame: f}
+	req.Frame.PrivateData, req.ext = cutExt(f.PrivateData)
 	switch {
 	case f.Markers:
 		req.reject(nil, f.Revision)
@@ -290,6 +312,7 @@ func readRequest(ctx context.Context, c net.Conn) (*Request, error) {
 // Accept answers the request with a reply and returns what was settled.
 func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	o.Revision = int(r.Frame.Revision)
+	o.Ext = o.Ext && r.ext // no block for an initiator that offered none
 	o.defaults()
 	if err := o.check(); err != nil {
 		return Result{}, err
@@ -298,6 +321,10 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	f := &r.Frame
 	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.ird(), ORD: o.ord(), HoldTx: true, PrivateData: f.PrivateData}
 	rep := wire.MPAFrame{Reply: true, CRC: res.CRC, Revision: f.Revision, PrivateData: o.PrivateData}
+	if o.Ext && r.ext {
+		// Never to an initiator that did not offer: it may not know them.
+		rep.PrivateData, res.Ext = appendExt(o.PrivateData), true
+	}
 	if f.Enhanced && f.Revision == 2 {
 		// siw's relaxed rule: our ORD is capped by the initiator's IRD, and
 		// our IRD lifted to its ORD, unless we take no Reads at all: then
