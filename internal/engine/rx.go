@@ -31,6 +31,7 @@ func (q *QP) rxLoop() {
 		}
 		if q.rxMu.TryLock() {
 			err := q.rx.background()
+			q.rx.answerNow() // before the path changes hands, or the Terminate
 			if !errors.Is(err, errRxYield) {
 				if testHookRxFail != nil {
 					testHookRxFail()
@@ -86,6 +87,7 @@ func (r *rxState) receive() (rang bool, err error) {
 	if r.staged() {
 		return false, r.advance(0)
 	}
+	r.answerNow() // the read may wait
 	iov := r.next()
 	var k int
 	var rerr error
@@ -108,6 +110,14 @@ func (r *rxState) receive() (rang bool, err error) {
 		return true, nil
 	}
 	return false, rerr
+}
+
+// answerNow starts the transmit path for the Read Responses the core
+// queued, if any (see answerDue).
+func (r *rxState) answerNow() {
+	if r.answerDue() {
+		r.q.kick()
+	}
 }
 
 // background runs the receive path until asked to yield or until it fails.
@@ -222,6 +232,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 			live = ctx.Err() == nil
 		}
 	}
+	r.answerNow()
 	if cq != nil {
 		cq.setInline(nil)
 	}

@@ -285,10 +285,12 @@ func (x *coreEffects) outFPDUs(t testing.TB, crc bool) ([]wire.Header, [][]byte)
 // returns the core's error.
 func feedCore(t testing.TB, r *rxState, in []byte, cuts []int) error {
 	prev := 0
+	defer r.answerNow()
 	for _, c := range append(cuts, len(in)) {
 		piece := in[prev:c]
 		prev = c
 		for len(piece) > 0 {
+			r.answerNow() // before each read, as receive does
 			k := 0
 			for _, v := range r.next() {
 				k += copy(v, piece[k:])
