@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
@@ -83,9 +84,10 @@ type rxState struct {
 	// not started for them (see answerDue).
 	answer bool
 
-	// held are the regions dst lies in, each with a hold taken for the
-	// placement (see mem.Region.TryHold), so that a Deregister waits for
-	// it; nheld are in use.
+	// held are the regions dst lies in, each with a write hold taken for
+	// the placement (see mem.Region.TryHoldWrite), so that a Deregister
+	// waits for it and a snapshot holds all of the FPDU or none; nheld are
+	// in use.
 	held  [MaxSGE]*mem.Region
 	nheld int
 
@@ -461,7 +463,7 @@ func (r *rxState) hold(region *mem.Region) {
 // unhold ends the holds of the current placement.
 func (r *rxState) unhold() {
 	for i := range r.nheld {
-		r.held[i].Unhold()
+		r.held[i].UnholdWrite()
 		r.held[i] = nil
 	}
 	r.nheld = 0
@@ -472,17 +474,17 @@ func (r *rxState) unhold() {
 // held before it is judged, so it cannot be deregistered in between.
 func (r *rxState) tagged(h *wire.Header, n int) (*mem.Region, error) {
 	q := r.q
-	region, why := q.cfg.Table.LookupHold(mem.STag(h.STag))
+	region, why := q.cfg.Table.LookupHoldWrite(mem.STag(h.STag))
 	if why == mem.OK {
 		if why = region.CheckRemote(q.cfg.PD, mem.RemoteWrite, h.TO, uint64(n)); why != mem.OK {
-			region.Unhold()
+			region.UnholdWrite()
 		}
 	}
 	if why != mem.OK {
 		return nil, newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
 	}
 	r.hold(region)
-	r.dst = region.Slices(r.dst, h.TO-region.Addr(), uint64(n))
+	r.dst = region.WriteSlices(r.dst, h.TO-region.Addr(), uint64(n))
 	return region, nil
 }
 
@@ -537,11 +539,11 @@ func (r *rxState) response(h *wire.Header, n int) error {
 	if n > 0 {
 		// The Read pins the sink; a flush drops the pin while this
 		// goroutine may be placing, so the placement holds it too.
-		if !o.sge.MR.TryHold() {
+		if !o.sge.MR.TryHoldWrite() {
 			return newFault(wire.ErrDDPInvalidSTag, "Read Response to STag %#08x, deregistered", h.STag)
 		}
 		r.hold(o.sge.MR)
-		r.dst = o.sge.MR.Slices(r.dst, uint64(o.sge.Offset+o.placed), uint64(n))
+		r.dst = o.sge.MR.WriteSlices(r.dst, uint64(o.sge.Offset+o.placed), uint64(n))
 	}
 	return nil
 }
@@ -701,7 +703,7 @@ func (r *rxState) send(h *wire.Header, n int) error {
 }
 
 // holdSGEs holds the regions of the SGEs under [off, off+n) of an SGE
-// list. It reports false, holding none, if one is being deregistered.
+// list for writing. It reports false, holding none, if one is being deregistered.
 func (r *rxState) holdSGEs(sges []SGE, off, n int) bool {
 	for i := range sges {
 		s := &sges[i]
@@ -712,7 +714,12 @@ func (r *rxState) holdSGEs(sges []SGE, off, n int) bool {
 			off -= s.Length
 			continue
 		}
-		if !s.MR.TryHold() {
+		switch {
+		case slices.Contains(r.held[:r.nheld], s.MR):
+			// Held by this placement already: no snapshot can be taken
+			// meanwhile, and waiting for one would wait for ourselves.
+			s.MR.HoldWrite()
+		case !s.MR.TryHoldWrite():
 			r.unhold()
 			return false
 		}
@@ -723,7 +730,8 @@ func (r *rxState) holdSGEs(sges []SGE, off, n int) bool {
 	return true
 }
 
-// sgeSlices appends the memory of [off, off+n) of an SGE list.
+// sgeSlices appends the memory of [off, off+n) of an SGE list, to be
+// written (see mem.Region.WriteSlices).
 func sgeSlices(dst [][]byte, sges []SGE, off, n int) [][]byte {
 	for i := range sges {
 		s := &sges[i]
@@ -735,7 +743,7 @@ func sgeSlices(dst [][]byte, sges []SGE, off, n int) [][]byte {
 			continue
 		}
 		k := min(n, s.Length-off)
-		dst = s.MR.Slices(dst, uint64(s.Offset+off), uint64(k))
+		dst = s.MR.WriteSlices(dst, uint64(s.Offset+off), uint64(k))
 		n -= k
 		off = 0
 	}

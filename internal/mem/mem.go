@@ -116,6 +116,10 @@ type Region struct {
 	// after that, so when the holds drain nothing can touch the memory.
 	use    atomic.Uint64
 	placed atomic.Uint64 // bytes placed into the region by peers
+	// wuse counts the writes to the region's memory in progress (placements,
+	// WriteAt) and carries the flags they look at (see cow.go).
+	wuse atomic.Uint64
+	cow  atomic.Pointer[cowState] // made by the first Snapshot
 
 	// WaitPlaced's waiters; nwait counts them so that AddPlaced, on the
 	// receive path, takes no lock while nobody waits.
@@ -273,9 +277,9 @@ func (r *Region) Acquire() { r.use.Add(usePin) }
 // Release undoes Acquire or TryAcquire.
 func (r *Region) Release() { r.use.Add(^uint64(usePin - 1)) }
 
-// TryHold marks an access to the region's memory in progress (a peer's
-// Write or Read Response being placed, a Read Request being answered)
-// unless Deregister has begun. Deregister waits for holds to end. It is
+// TryHold marks a read of the region's memory in progress (a Read
+// Request being answered, a batch being written) unless Deregister has
+// begun; writes take TryHoldWrite. Deregister waits for holds to end. It is
 // one atomic add: the data path's cost of Deregister's guarantee.
 func (r *Region) TryHold() bool {
 	if r.use.Add(1)&useClosed != 0 {
@@ -293,7 +297,9 @@ func (r *Region) Hold() { r.use.Add(1) }
 func (r *Region) Unhold() { r.use.Add(^uint64(0)) }
 
 // InUse reports whether work is outstanding on the region.
-func (r *Region) InUse() bool { return r.use.Load()&(usePins|useHolds) != 0 }
+func (r *Region) InUse() bool {
+	return r.use.Load()&(usePins|useHolds) != 0 || r.wuse.Load()&wWriters != 0
+}
 
 // Contains reports whether [off, off+n) lies inside the region, offsets
 // counted from the region's start.
@@ -471,6 +477,7 @@ func (t *Table) Deregister(r *Region) error {
 			break
 		}
 	}
+	r.wuse.Or(wClosed)
 	r.valid.Store(false)
 	r.wake(r.placed.Load(), false) // nothing more can be waited for
 	t.mu.Unlock()
@@ -492,7 +499,7 @@ func (t *Table) Deregister(r *Region) error {
 func (r *Region) drain(limit time.Duration) bool {
 	var deadline time.Time
 	sleep := 10 * time.Microsecond
-	for i := 0; r.use.Load()&useHolds != 0; i++ {
+	for i := 0; r.use.Load()&useHolds != 0 || r.wuse.Load()&wWriters != 0; i++ {
 		if i < 64 {
 			runtime.Gosched()
 			continue
@@ -532,6 +539,20 @@ func (t *Table) LookupHold(s STag) (*Region, Reason) {
 		return nil, why
 	}
 	if !r.TryHold() {
+		return nil, InvalidSTag // deregistered meanwhile
+	}
+	return r, OK
+}
+
+// LookupHoldWrite is LookupHold for a write to the region's memory (a
+// peer's Write being placed): it takes a write hold (TryHoldWrite), ended
+// with UnholdWrite.
+func (t *Table) LookupHoldWrite(s STag) (*Region, Reason) {
+	r, why := t.Lookup(s)
+	if why != OK {
+		return nil, why
+	}
+	if !r.TryHoldWrite() {
 		return nil, InvalidSTag // deregistered meanwhile
 	}
 	return r, OK
