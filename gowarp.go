@@ -80,7 +80,8 @@ var (
 	// ErrBadConfig: NewQP was given an unusable QPConfig, or ConnectConn,
 	// ListenOn or ReadConnRequest no connection or listener.
 	ErrBadConfig = engine.ErrBadConfig
-	// ErrRegionBusy: Deregister of a region that outstanding work uses.
+	// ErrRegionBusy: Deregister of a region that outstanding work or an
+	// open Snapshot uses; MR.Snapshot while writes in progress do not end.
 	ErrRegionBusy = mem.ErrBusy
 	// ErrNotRegistered: Deregister of a region that is not (or no
 	// longer) registered.
@@ -92,10 +93,16 @@ var (
 	// ErrAddrWrap: RegisterBuffers with an Addr whose range passes 2^64.
 	ErrAddrWrap = mem.ErrAddrWrap
 	// ErrRegionInvalid: MR.WaitPlaced on a region deregistered or
-	// invalidated (by a peer's Send with Invalidate) before the bytes came.
+	// invalidated (by a peer's Send with Invalidate) before the bytes came;
+	// MR.Snapshot or MR.WriteAt of a deregistered region.
 	ErrRegionInvalid = mem.ErrInvalid
 	// ErrTableFull: every STag index of the device is in use.
 	ErrTableFull = mem.ErrTableFull
+	// ErrSnapshotClosed: a read or Close of a closed Snapshot.
+	ErrSnapshotClosed = mem.ErrSnapshotClosed
+	// ErrOutOfBounds: MR.WriteAt or Snapshot.ReadAt of a range outside
+	// the region.
+	ErrOutOfBounds = mem.ErrBounds
 	// ErrReleased: a post of a released Prepared.
 	ErrReleased = engine.ErrReleased
 )
