@@ -17,7 +17,11 @@ func benchWrite(b *testing.B, size, depth int, o gowarp.ConnectOptions) {
 	benchWriteOn(b, newPair(b, o), size, depth)
 }
 
-func benchWriteOn(b *testing.B, p *pair, size, depth int) {
+func benchWriteOn(b *testing.B, p *pair, size, depth int) { benchWriteHook(b, p, size, depth, nil) }
+
+// benchWriteHook is benchWriteOn calling each, if not nil, before the
+// i-th post with the Writes' target.
+func benchWriteHook(b *testing.B, p *pair, size, depth int, each func(i int, dst *gowarp.MR)) {
 	src, _ := p.reg(b, size, 0)
 	dst, _ := p.reg(b, size, gowarp.RemoteWrite)
 	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
@@ -37,6 +41,9 @@ func benchWriteOn(b *testing.B, p *pair, size, depth int) {
 				p.acq.Wait(context.Background())
 			}
 			outstanding -= n * sig
+		}
+		if each != nil {
+			each(i, dst)
 		}
 		if err := p.a.PostSend(&wr); err != nil {
 			b.Fatal(err)
@@ -60,6 +67,41 @@ func benchWriteOn(b *testing.B, p *pair, size, depth int) {
 func BenchmarkWrite64K(b *testing.B)    { benchWrite(b, 64<<10, 32, gowarp.ConnectOptions{}) }
 func BenchmarkWrite64KCRC(b *testing.B) { benchWrite(b, 64<<10, 32, gowarp.ConnectOptions{CRC: true}) }
 func BenchmarkWrite64(b *testing.B)     { benchWrite(b, 64, 64, gowarp.ConnectOptions{}) }
+
+// BenchmarkWrite64KSnapshot is BenchmarkWrite64K with a snapshot of the
+// target open (its pages are copied by the first Write, then written in
+// place); BenchmarkWrite64KSnapshots takes a new snapshot every 16
+// Writes, each of whose pages the next Write copies.
+func BenchmarkWrite64KSnapshot(b *testing.B)  { benchWriteSnap(b, 64<<10, 0) }
+func BenchmarkWrite64KSnapshots(b *testing.B) { benchWriteSnap(b, 64<<10, 16) }
+func BenchmarkWrite64Snapshot(b *testing.B)   { benchWriteSnap(b, 64, 0) }
+
+// benchWriteSnap runs benchWrite with a snapshot of the target open,
+// replaced by a new one every every Writes (0: never).
+func benchWriteSnap(b *testing.B, size, every int) {
+	var s *gowarp.Snapshot
+	take := func(dst *gowarp.MR) {
+		if s != nil {
+			s.Close()
+		}
+		var err error
+		if s, err = dst.Snapshot(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	depth := 32
+	if size < 1024 {
+		depth = 64
+	}
+	benchWriteHook(b, newPair(b, gowarp.ConnectOptions{}), size, depth, func(i int, dst *gowarp.MR) {
+		if i == 0 || every > 0 && i%every == 0 {
+			take(dst)
+		}
+	})
+	if s != nil {
+		s.Close()
+	}
+}
 
 // BenchmarkTCP64K is the floor: one plain TCP write of 64 KiB per message.
 func BenchmarkTCP64K(b *testing.B) { benchTCP(b, 64<<10) }
