@@ -117,7 +117,29 @@ type ConnectOptions struct {
 	NoNudge bool
 	// NudgeEvery is that quiet interval (default 200 ms).
 	NudgeEvery time.Duration
+	// LinkTimeout bounds how long the peer may go unheard before the
+	// queue pair fails with ErrLinkTimeout and flushes its work: 0 means
+	// DefaultLinkTimeout (30 s), NoLinkTimeout (any negative value) leaves
+	// the socket as the system sets it (unacknowledged data is retransmitted
+	// for about 15 minutes; Go's keepalive probes an idle connection after
+	// 15 s, every 15 s, as many times as the system's count says). It
+	// holds from the MPA exchange on, and bounds Connect's dial too. Sent
+	// bytes unacknowledged for LinkTimeout (TCP_USER_TIMEOUT, Linux only),
+	// or an idle connection's keepalive probes, sent from LinkTimeout/3 on
+	// and unanswered until LinkTimeout, end the connection; so does a
+	// receive window the peer keeps closed that long with data waiting
+	// (Linux 5.11 on). Each side sets its own. Over ConnectConn's stream it
+	// applies to the TCP socket under it when there is one (see
+	// ConnectConn).
+	LinkTimeout time.Duration
 }
+
+// DefaultLinkTimeout is the LinkTimeout of ConnectOptions' zero value.
+const DefaultLinkTimeout = cm.DefaultLinkTimeout
+
+// NoLinkTimeout as ConnectOptions.LinkTimeout sets no bound of gowarp's on
+// a silent peer: the system's TCP settings decide.
+const NoLinkTimeout time.Duration = -1
 
 // NoReads as ConnectOptions.IRD or ORD asks for none, which the zero value
 // cannot say (it means the default, 16): IRD 0 serves no RDMA Reads from
@@ -146,7 +168,12 @@ func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error 
 // ends (or after 10 s if ctx has no deadline). Over a stream other than
 // TCP, Acked completes as Handed, FPDUs are not aligned to segments, and
 // the queue pair's transmit goroutine does every write (a net.Conn has no
-// write that returns when the stream is full).
+// write that returns when the stream is full). ConnectOptions.LinkTimeout
+// is set on the TCP socket under c: a *net.TCPConn, one that a NetConn
+// method leads to (a *tls.Conn), or a descriptor a SyscallConn method
+// exposes. A stream with no socket of its own (net.Pipe, a multiplexed
+// stream) gets no bound from gowarp: its own failure detection, or a
+// Close, must end a queue pair whose peer went silent.
 func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) error {
 	if c == nil {
 		return fmt.Errorf("%w: ConnectConn with no connection", ErrBadConfig)

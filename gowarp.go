@@ -71,6 +71,13 @@ var (
 	ErrClosed = engine.ErrClosed
 	// ErrLinkLost: the TCP connection failed (reset, timeout).
 	ErrLinkLost = engine.ErrLinkLost
+	// ErrLinkTimeout: the peer went unheard for the link timeout
+	// (ConnectOptions.LinkTimeout, 30 s by default): the link or the
+	// peer's host died silently, with no FIN or reset, or the peer kept
+	// its receive window closed with data waiting. The queue pair's work
+	// is flushed. It matches ErrLinkLost too. A Connect whose dial got no
+	// answer within the link timeout fails with it as well.
+	ErrLinkTimeout = engine.ErrLinkTimeout
 	// ErrCQOverrun: completions were lost because a completion queue was
 	// full.
 	ErrCQOverrun = engine.ErrCQOverrun
@@ -179,7 +186,8 @@ func (t EventType) String() string { return engine.EventType(t).String() }
 const (
 	// EventQPFatal: this side moved the QP to error: it found an error in
 	// the peer's input and sent a Terminate (Err matches ErrTerminated),
-	// or the connection failed (ErrLinkLost). IBV_EVENT_QP_FATAL.
+	// or the connection failed (ErrLinkLost; ErrLinkTimeout when the peer
+	// went unheard for the link timeout). IBV_EVENT_QP_FATAL.
 	EventQPFatal EventType = iota + 1
 	// EventPeerTerminated: the peer sent a Terminate (Err matches
 	// ErrPeerTerminated and the peer's TermError).

@@ -53,6 +53,10 @@ type Options struct {
 	// Ext offers RFC 7306's extensions (see ext.go): an initiator adds
 	// its offer to the request, a responder answers one it received.
 	Ext bool
+	// LinkTimeout bounds how long the peer may go unheard, from the MPA
+	// exchange on (see SetLinkTimeout): 0 for DefaultLinkTimeout, negative
+	// for no bound of gowarp's.
+	LinkTimeout time.Duration
 }
 
 func (o *Options) defaults() {
@@ -161,6 +165,8 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 	if err := o.check(); err != nil {
 		return Result{}, err
 	}
+	// Best effort: a stream with no TCP socket under it has no such bound.
+	_ = SetLinkTimeout(c, o.LinkTimeout)
 	defer deadline(ctx, c, replyTimeout)()
 	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
 	if o.Ext {
@@ -317,6 +323,7 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	if err := o.check(); err != nil {
 		return Result{}, err
 	}
+	_ = SetLinkTimeout(r.c, o.LinkTimeout) // best effort, as in Initiate
 	defer deadline(ctx, r.c, replyTimeout)()
 	f := &r.Frame
 	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.ird(), ORD: o.ord(), HoldTx: true, PrivateData: f.PrivateData}

@@ -10,8 +10,11 @@ import (
 )
 
 // Dial opens the TCP connection of an initiator, Nagle's algorithm off.
-func Dial(ctx context.Context, addr string) (net.Conn, error) {
-	var d net.Dialer
+// A peer that does not answer fails it after linkTimeout (see Options),
+// or when ctx ends if that comes first: TCP alone tries for about two
+// minutes.
+func Dial(ctx context.Context, addr string, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: linkTimeout(timeout)}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err

@@ -3,8 +3,10 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/gowarp/gowarp/internal/cm"
@@ -27,6 +29,7 @@ type ConnectOptions struct {
 	MaxFPDU     int
 	NoNudge     bool
 	NudgeEvery  time.Duration
+	LinkTimeout time.Duration
 }
 
 // NoReads as ConnectOptions.IRD or ORD asks for none: IRD 0 serves no
@@ -39,7 +42,7 @@ const NoReads = -1
 const nudgeTicks = 20
 
 func (o *ConnectOptions) cm() cm.Options {
-	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P}
+	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout}
 }
 
 // Connect connects an idle queue pair to a listening peer at addr
@@ -51,8 +54,11 @@ func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 		return err
 	}
 	defer cancel()
-	c, err := cm.Dial(ctx, addr)
+	c, err := cm.Dial(ctx, addr, o.LinkTimeout)
 	if err != nil {
+		if dialTimedOut(ctx, err) {
+			err = fmt.Errorf("%w: %w", ErrLinkTimeout, err)
+		}
 		err = q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
 		q.Close()
 		return err
@@ -83,6 +89,7 @@ func (q *QP) initiate(ctx context.Context, c net.Conn, o *ConnectOptions, peer s
 	r, err := cm.Initiate(ctx, c, o.cm())
 	if err != nil {
 		c.Close()
+		err = setupErr(err)
 		err = q.closedErr(fmt.Errorf("gowarp: connect %s: %w", peer, err))
 		q.Close()
 		return err
@@ -105,11 +112,34 @@ func (q *QP) Accept(ctx context.Context, req *cm.Request, o ConnectOptions) erro
 	r, err := req.Accept(ctx, o.cm())
 	if err != nil {
 		c.Close()
+		err = setupErr(err)
 		err = q.closedErr(err)
 		q.Close()
 		return err
 	}
 	return q.begin(c, r, &o, false)
+}
+
+// dialTimedOut reports whether err is the dial's own bound (the link
+// timeout: no answer to the SYNs), not ctx's end. The socket's deadline,
+// ctx's if that is the earlier, may fire before ctx says it is done.
+func dialTimedOut(ctx context.Context, err error) bool {
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return false
+	}
+	return ctx.Err() == nil
+}
+
+// setupErr is err of the MPA exchange, matching ErrLinkTimeout when the
+// link timeout ended it: the request or reply went unacknowledged.
+func setupErr(err error) error {
+	if timedOut(err) {
+		return fmt.Errorf("%w: %w", ErrLinkTimeout, err)
+	}
+	return err
 }
 
 // connecting moves an idle queue pair to connecting and returns ctx with

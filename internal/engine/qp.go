@@ -77,6 +77,7 @@ var (
 	ErrPeerClosed     = errors.New("gowarp: peer closed the connection")
 	ErrClosed         = errors.New("gowarp: queue pair closed")
 	ErrLinkLost       = errors.New("gowarp: connection lost")
+	ErrLinkTimeout    = fmt.Errorf("%w: no answer from the peer within the link timeout", ErrLinkLost)
 	ErrTooLong        = errors.New("gowarp: message longer than 4 GiB")
 	ErrBadState       = errors.New("gowarp: queue pair is in the wrong state for this call")
 	ErrBadConfig      = errors.New("gowarp: invalid queue pair configuration")

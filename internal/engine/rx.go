@@ -178,7 +178,7 @@ func (q *QP) rxFailed(err error) {
 	case errors.Is(err, net.ErrClosed):
 		q.fail(ErrClosed)
 	default:
-		q.fail(fmt.Errorf("%w: %w", ErrLinkLost, err))
+		q.fail(linkErr(err))
 	}
 }
 

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/gowarp/gowarp/wire"
@@ -73,6 +75,24 @@ func (q *QP) failTerm(cause error, term *wire.TermError, head []byte, ulen int) 
 	default:
 		q.link.Close()
 	}
+}
+
+// linkErr is the failure for err, the error that ended a read or write on
+// the connection: ErrLinkTimeout when TCP gave up on an unresponsive peer
+// (the link timeout set by the connection manager, or the system's own
+// retransmission limit), ErrLinkLost otherwise. A connection that times
+// out reports ETIMEDOUT, or the last soft error TCP met on the way: no
+// route once the local link went down.
+func linkErr(err error) error {
+	if timedOut(err) {
+		return fmt.Errorf("%w: %w", ErrLinkTimeout, err)
+	}
+	return fmt.Errorf("%w: %w", ErrLinkLost, err)
+}
+
+// timedOut reports whether err is TCP giving up on an unresponsive peer.
+func timedOut(err error) bool {
+	return errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
 // termOver records that the pending Terminate was written or given up on.

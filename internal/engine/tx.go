@@ -3,7 +3,6 @@ package engine
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 
 	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
@@ -254,7 +253,7 @@ func (q *QP) transmit(block bool) {
 			closeLink := q.releaseTxLocked()
 			term := q.termDone != nil
 			q.mu.Unlock()
-			q.fail(fmt.Errorf("%w: %w", ErrLinkLost, err))
+			q.fail(linkErr(err))
 			if closeLink {
 				q.link.Close()
 			}
