@@ -67,12 +67,12 @@ type cowState struct {
 	mu sync.Mutex
 	// epoch is the number of snapshots taken. It changes only while no
 	// write is held, so a writer reads it without mu.
-	epoch atomic.Uint32
+	epoch atomic.Uint64
 	// priv[p] is the epoch in which page p was last copied for the
 	// snapshots: it may be written in place while priv[p] == epoch. For
 	// every open snapshot s, either s.pages[p] is set or priv[p] < s.epoch
 	// (the page has not been written since s was taken).
-	priv  []atomic.Uint32
+	priv  []atomic.Uint64
 	snaps []*Snapshot   // the open snapshots, under mu
 	gate  chan struct{} // closed when the snapshot being taken is done, under mu
 }
@@ -83,7 +83,7 @@ type cowState struct {
 type Snapshot struct {
 	r     *Region
 	c     *cowState
-	epoch uint32
+	epoch uint64
 	n     uint64  // the region's length
 	pages []*page // under c.mu; nil: the page is still the region's
 	done  bool    // closed, under c.mu
@@ -156,7 +156,7 @@ func (r *Region) unshare(off, n uint64) {
 
 // copyPage gives the snapshots that share page p a copy of it. A writer
 // to the page waits here (on mu) while another copies it.
-func (c *cowState) copyPage(r *Region, p uint64, e uint32) {
+func (c *cowState) copyPage(r *Region, p, e uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w := c.priv[p].Load()
@@ -226,7 +226,7 @@ func (r *Region) cowInit() *cowState {
 	if c := r.cow.Load(); c != nil {
 		return c
 	}
-	c := &cowState{priv: make([]atomic.Uint32, (r.length+PageSize-1)/PageSize)}
+	c := &cowState{priv: make([]atomic.Uint64, (r.length+PageSize-1)/PageSize)}
 	if !r.cow.CompareAndSwap(nil, c) {
 		return r.cow.Load()
 	}
