@@ -15,4 +15,5 @@ var (
 	ErrULPDUTooShort   = errors.New("wire: ULPDU shorter than its DDP/RDMAP header")
 	ErrULPDUTooLong    = errors.New("wire: ULPDU longer than 65535 bytes")
 	ErrTerminateFormat = errors.New("wire: Terminate message shorter than its flags say")
+	ErrNotFlush        = errors.New("wire: Read Request is not a flush")
 )
