@@ -107,6 +107,14 @@ type Region struct {
 	starts []uint64
 	table  *Table
 
+	// file is the mapping of a file-backed region (RegisterFile), nil for
+	// memory. sem is the semantics of the STag's own key; keys, if set,
+	// holds the region's further keys (Expose), replaced whole on change
+	// so that Lookup reads it without a lock.
+	file *fileMap
+	sem  Semantics
+	keys atomic.Pointer[keySet]
+
 	valid atomic.Bool
 	// use counts the region's users (see the use* constants): pins of
 	// posted work requests and Prepared handles, which make Deregister
@@ -404,6 +412,14 @@ func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*R
 		return nil, fmt.Errorf("%w: %#x", ErrBadAccess, uint8(access))
 	}
 	r := &Region{pd: pd, access: access, table: t}
+	if err := t.insert(r, bufs, o); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// insert gives r the buffers and an STag in the table, and makes it valid.
+func (t *Table) insert(r *Region, bufs [][]byte, o Options) error {
 	for _, b := range bufs {
 		if len(b) == 0 {
 			continue
@@ -413,14 +429,14 @@ func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*R
 		r.length += uint64(len(b))
 	}
 	if r.length == 0 {
-		return nil, ErrEmpty
+		return ErrEmpty
 	}
 	r.base = o.Addr
 	if r.base == 0 {
 		r.base = uint64(uintptr(unsafe.Pointer(&r.bufs[0][0])))
 	}
 	if r.base+r.length < r.base {
-		return nil, fmt.Errorf("%w: %#x + %d bytes", ErrAddrWrap, r.base, r.length)
+		return fmt.Errorf("%w: %#x + %d bytes", ErrAddrWrap, r.base, r.length)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -437,7 +453,7 @@ func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*R
 		case i < indexDraws:
 			idx = uint32(t.rng.Uint64()) & 0xffffff
 		case len(t.regions) >= 1<<24-1:
-			return nil, ErrTableFull
+			return ErrTableFull
 		default: // nearly full: the next free index from the last draw
 			idx = (idx + 1) & 0xffffff
 		}
@@ -445,7 +461,7 @@ func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*R
 	r.stag = STag(idx<<8 | uint32(key))
 	t.regions[idx] = r
 	r.valid.Store(true)
-	return r, nil
+	return nil
 }
 
 // deregisterWait bounds how long Deregister waits for accesses in
@@ -490,6 +506,9 @@ func (t *Table) Deregister(r *Region) error {
 		return ErrNotInTable // a concurrent Deregister finished first
 	}
 	delete(t.regions, idx)
+	if r.file != nil {
+		return r.file.unmap()
+	}
 	return nil
 }
 
@@ -524,7 +543,7 @@ func (t *Table) Lookup(s STag) (*Region, Reason) {
 	t.mu.RLock()
 	r := t.regions[s.Index()]
 	t.mu.RUnlock()
-	if r == nil || r.stag != s || !r.valid.Load() {
+	if r == nil || (r.stag != s && !r.hasKey(s.Key())) || !r.valid.Load() {
 		return nil, InvalidSTag
 	}
 	return r, OK

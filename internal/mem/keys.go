@@ -1,0 +1,148 @@
+package mem
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Semantics is what an access through one key of a region means (the
+// STag's 8-bit key names it, capability C9). A region has the semantics
+// of its own key, chosen at registration, and any number of further keys
+// (Expose), each with its own.
+type Semantics uint8
+
+const (
+	// Plain is ordinary memory: a Write is placed, a Read is served from
+	// the region as it is.
+	Plain Semantics = iota
+	// Durable makes a Write through the key reach the backing file's
+	// stable storage (msync of the pages it touched) before the queue pair
+	// processes anything that follows it. File-backed regions only.
+	Durable
+	// ReadThrough makes a Read through the key fill the pages it serves
+	// from the file first: the kernel is asked for all of them at once
+	// (MADV_WILLNEED) before the Read Response is framed, and the pages
+	// are faulted in by the goroutine serving this queue pair, never by
+	// another's. File-backed regions only.
+	ReadThrough
+	numSemantics
+)
+
+func (s Semantics) String() string {
+	switch s {
+	case Plain:
+		return "plain"
+	case Durable:
+		return "durable"
+	case ReadThrough:
+		return "read-through"
+	}
+	return fmt.Sprintf("semantics(%d)", uint8(s))
+}
+
+// Errors of Expose.
+var (
+	ErrNotFile      = errors.New("mem: the semantics needs a file-backed region")
+	ErrBadSemantics = errors.New("mem: unknown semantics")
+	ErrNoKeys       = errors.New("mem: every key of the region is in use")
+	ErrKeyInUse     = errors.New("mem: the region has that key already")
+)
+
+// keySet is a region's further keys and their semantics; it is never
+// changed once published (see Region.keys).
+type keySet struct {
+	has [4]uint64 // bit k: key k exposed
+	sem [256]Semantics
+}
+
+func (k *keySet) contains(key uint8) bool { return k.has[key>>6]&(1<<(key&63)) != 0 }
+
+// hasKey reports whether key is one of the region's further keys.
+func (r *Region) hasKey(key uint8) bool {
+	k := r.keys.Load()
+	return k != nil && k.contains(key)
+}
+
+// Semantics returns the semantics an access through key has, and false
+// if the region has no such key.
+func (r *Region) Semantics(key uint8) (Semantics, bool) {
+	if key == r.stag.Key() {
+		return r.sem, true
+	}
+	if k := r.keys.Load(); k != nil && k.contains(key) {
+		return k.sem[key], true
+	}
+	return 0, false
+}
+
+// Expose gives the region one more key, with semantics s, and returns the
+// STag that carries it. The key is drawn at random (as registration draws
+// one) unless fixed is set, when it is key. Durable and ReadThrough need a
+// file-backed region.
+func (r *Region) Expose(s Semantics, key uint8, fixed bool) (STag, error) {
+	if err := r.checkSemantics(s); err != nil {
+		return 0, err
+	}
+	t := r.table
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !r.valid.Load() {
+		return 0, ErrInvalid
+	}
+	old := r.keys.Load()
+	used := func(k uint8) bool { return k == r.stag.Key() || old != nil && old.contains(k) }
+	if fixed {
+		if used(key) {
+			return 0, fmt.Errorf("%w: %#02x", ErrKeyInUse, key)
+		}
+	} else {
+		free := 0
+		for k := range 256 {
+			if !used(uint8(k)) {
+				free++
+			}
+		}
+		if free == 0 {
+			return 0, ErrNoKeys
+		}
+		for key = uint8(t.rng.Uint64()); used(key); key = uint8(t.rng.Uint64()) {
+		}
+	}
+	n := &keySet{}
+	if old != nil {
+		*n = *old
+	}
+	n.has[key>>6] |= 1 << (key & 63)
+	n.sem[key] = s
+	r.keys.Store(n)
+	return STag(r.stag.Index()<<8 | uint32(key)), nil
+}
+
+// Revoke removes a key Expose gave: accesses through it fail as through
+// an unknown STag from then on. The region's own key cannot be revoked
+// (Deregister the region). Accesses already under way finish.
+func (r *Region) Revoke(s STag) error {
+	t := r.table
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := r.keys.Load()
+	if s.Index() != r.stag.Index() || old == nil || !old.contains(s.Key()) {
+		return fmt.Errorf("%w: %v is not an exposed key of the region", ErrInvalid, s)
+	}
+	n := &keySet{}
+	*n = *old
+	n.has[s.Key()>>6] &^= 1 << (s.Key() & 63)
+	n.sem[s.Key()] = Plain
+	r.keys.Store(n)
+	return nil
+}
+
+func (r *Region) checkSemantics(s Semantics) error {
+	switch {
+	case s >= numSemantics:
+		return fmt.Errorf("%w: %d", ErrBadSemantics, uint8(s))
+	case s != Plain && r.file == nil:
+		return fmt.Errorf("%w: %v", ErrNotFile, s)
+	}
+	return nil
+}
