@@ -32,6 +32,7 @@ const (
 	OpSendInv                 // Send with Invalidate of InvalidateSTag
 	OpWrite                   // RDMA Write
 	OpRead                    // RDMA Read
+	OpFlush                   // flush (remote completion); posted with QP.PostFlush
 )
 
 func (o WROp) String() string { return engine.WROp(o).String() }
@@ -104,6 +105,7 @@ const (
 	CompWrite
 	CompRead
 	CompRecv
+	CompFlush // a flush (QP.PostFlush)
 )
 
 func (o CompletionOp) String() string { return engine.CompletionOp(o).String() }

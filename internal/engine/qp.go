@@ -134,6 +134,9 @@ type sqEntry struct {
 	// Reads: one Read Request per SGE; readsLeft counts unanswered ones.
 	readsLeft int
 	msn       uint32 // Sends and Reads: MSN of the (first) message
+	// Flushes: placement type and range length (PostFlush).
+	flushType wire.FlushType
+	flushLen  uint64
 }
 
 type rqEntry struct {

@@ -90,6 +90,18 @@ type rxState struct {
 	// in use.
 	held  [MaxSGE]*mem.Region
 	nheld int
+	// guard: a region held is a file's mapping, so placement copies with
+	// faults recovered (placeGuarded) and never reads into it directly.
+	guard bool
+
+	// Storage semantics (memsem.go): durable says the Write under way
+	// goes through a Durable key; sync is the range placed through one
+	// and not yet synced, with a hold on its region; flush is the flush
+	// request under way (a zero-length Read Request that carries one).
+	durable bool
+	sync    pendingSync
+	flush   *wire.Flush
+	flushV  wire.Flush
 
 	msn [3]uint32 // next expected MSN per queue number
 
@@ -168,7 +180,7 @@ func (r *rxState) next() [][]byte {
 		r.r = 0
 	}
 	r.iov = r.iov[:0]
-	if r.phase == rxPayload && r.left >= directMin && r.r == r.w {
+	if r.phase == rxPayload && r.left >= directMin && r.r == r.w && !r.guard {
 		// Read the rest of the payload in place, and with it the trailer
 		// and, likely, the next FPDU's header.
 		r.direct = true
@@ -246,6 +258,7 @@ func (r *rxState) release() {
 		r.src.Unhold()
 		r.src = nil
 	}
+	r.sync.drop()
 	r.region = nil
 	clear(r.dst)
 	r.dst = r.dst[:0]
@@ -263,7 +276,13 @@ func (r *rxState) run() error {
 				return err // or the header is not all here
 			}
 		case rxPayload:
-			r.placeStaged()
+			if r.guard {
+				if err := r.placeGuarded(); err != nil {
+					return err
+				}
+			} else {
+				r.placeStaged()
+			}
 			if r.left > 0 {
 				return nil
 			}
@@ -324,6 +343,13 @@ func (r *rxState) header() error {
 	if err := checkHeader(&h); err != nil {
 		return err
 	}
+	if r.sync.region != nil && h.Opcode != wire.OpWrite {
+		// What a durable Write placed is on stable storage before
+		// anything after it is processed.
+		if err := r.syncPending(); err != nil {
+			return err
+		}
+	}
 	info := h.Opcode.Info()
 	if r.ulen < n+info.Extra {
 		return newFault(wire.ErrDDPCatastrophic, "%v of %d bytes is shorter than its header", h.Opcode, r.ulen)
@@ -346,7 +372,7 @@ func (r *rxState) header() error {
 	// Find where the payload goes; every check happens before a byte
 	// lands, and after the memory is held (r.held).
 	r.dst = r.dst[:0]
-	r.region, r.src = nil, nil
+	r.region, r.src, r.durable, r.flush = nil, nil, false, nil
 	switch h.Opcode {
 	case wire.OpWrite:
 		if payload > 0 {
@@ -396,6 +422,11 @@ func (r *rxState) placeStaged() {
 // complete acts on an FPDU that is whole and checked.
 func (r *rxState) complete() error {
 	q := r.q
+	if r.durable {
+		if err := r.durablePlaced(); err != nil {
+			return err
+		}
+	}
 	if r.region != nil {
 		r.region.AddPlaced(r.payload)
 		r.region = nil
@@ -408,6 +439,12 @@ func (r *rxState) complete() error {
 	case wire.OpReadRequest:
 		src := r.src
 		r.src = nil
+		if r.flush != nil {
+			if err := r.flushDone(src); err != nil {
+				return err
+			}
+			src = nil
+		}
 		r.queueRead(&r.rr, src)
 	default:
 		if err := r.sendPlaced(&r.h, r.payload); err != nil {
@@ -458,6 +495,9 @@ func checkHeader(h *wire.Header) error {
 func (r *rxState) hold(region *mem.Region) {
 	r.held[r.nheld] = region
 	r.nheld++
+	if region.File() {
+		r.guard = true
+	}
 }
 
 // unhold ends the holds of the current placement.
@@ -467,6 +507,7 @@ func (r *rxState) unhold() {
 		r.held[i] = nil
 	}
 	r.nheld = 0
+	r.guard = false
 }
 
 // tagged resolves an RDMA Write's target: the STag, this connection's
@@ -484,6 +525,9 @@ func (r *rxState) tagged(h *wire.Header, n int) (*mem.Region, error) {
 		return nil, newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
 	}
 	r.hold(region)
+	if sem, _ := region.Semantics(mem.STag(h.STag).Key()); sem == mem.Durable {
+		r.durable = true
+	}
 	r.dst = region.WriteSlices(r.dst, h.TO-region.Addr(), uint64(n))
 	return region, nil
 }
@@ -604,6 +648,10 @@ func (r *rxState) readRequest(h *wire.Header) (wire.ReadRequest, *mem.Region, er
 		return rr, nil, newFault(wire.ErrRDMAPStream, "Read Request beyond IRD %d", len(q.irq))
 	}
 	if rr.Size == 0 {
+		if f, ok := wire.AsFlush(&rr); ok {
+			region, err := r.flushRequest(f)
+			return rr, region, err
+		}
 		return rr, nil, nil
 	}
 	region, why := q.cfg.Table.LookupHold(mem.STag(rr.SourceSTag))
@@ -614,6 +662,12 @@ func (r *rxState) readRequest(h *wire.Header) (wire.ReadRequest, *mem.Region, er
 	}
 	if why != mem.OK {
 		return rr, nil, newFault(rdmapError(why), "Read of %d bytes from STag %#08x TO %#x", rr.Size, rr.SourceSTag, rr.SourceTO)
+	}
+	if region.File() {
+		if err := readFile(region, &rr); err != nil {
+			region.Unhold()
+			return rr, nil, err
+		}
 	}
 	return rr, region, nil
 }

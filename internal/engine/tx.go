@@ -325,7 +325,7 @@ func (q *QP) markSentLocked() {
 	}
 	for q.sqDone < q.sqTx {
 		e := &q.sq[q.sqDone%uint64(len(q.sq))]
-		if e.wr.Op != OpRead {
+		if e.wr.Op != OpRead && e.wr.Op != OpFlush {
 			if !e.framed || e.endOff > limit {
 				break
 			}
@@ -743,6 +743,8 @@ func (t *txState) frameSQ() bool {
 	}
 	sges := e.sgl()
 	switch e.wr.Op {
+	case OpFlush:
+		return t.frameFlush(e)
 	case OpWrite:
 		for t.room() {
 			n := t.fit(t.cut(t.maxTagged, e.length, t.off), e.length-t.off, wire.TaggedHeaderLen, t.off == 0)

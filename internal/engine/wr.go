@@ -17,6 +17,7 @@ const (
 	OpSendInv                 // Send with Invalidate of InvalidateSTag
 	OpWrite                   // RDMA Write
 	OpRead                    // RDMA Read
+	OpFlush                   // flush (remote completion): QP.PostFlush
 )
 
 func (o WROp) String() string {
@@ -29,6 +30,8 @@ func (o WROp) String() string {
 		return "write"
 	case OpRead:
 		return "read"
+	case OpFlush:
+		return "flush"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -118,6 +121,7 @@ const (
 	CompWrite
 	CompRead
 	CompRecv
+	CompFlush
 )
 
 func (o CompletionOp) String() string {
@@ -130,6 +134,8 @@ func (o CompletionOp) String() string {
 		return "read"
 	case CompRecv:
 		return "recv"
+	case CompFlush:
+		return "flush"
 	}
 	return fmt.Sprintf("compop(%d)", uint8(o))
 }
@@ -162,6 +168,8 @@ func compOp(o WROp) CompletionOp {
 		return CompWrite
 	case OpRead:
 		return CompRead
+	case OpFlush:
+		return CompFlush
 	}
 	return CompSend
 }
