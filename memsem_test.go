@@ -173,6 +173,11 @@ func TestFileTruncatedUnderRegion(t *testing.T) {
 			src, _ := p.reg(t, tc.n, gowarp.LocalWrite)
 			// Good first, then cut the file to 64 KiB and go past it.
 			post(t, p, &gowarp.SendWR{Op: tc.op, SGL: []gowarp.SGE{{MR: src, Length: tc.n}}, RemoteAddr: fmr.Addr(), RKey: uint32(fmr.STag())})
+			if tc.op == gowarp.OpWrite { // placed before the cut
+				if c := flush(t, p, &gowarp.FlushWR{RKey: uint32(fmr.STag())}); c.Err() != nil {
+					t.Fatal(c.Err())
+				}
+			}
 			if err := f.Truncate(64 << 10); err != nil {
 				t.Fatal(err)
 			}
