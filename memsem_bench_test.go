@@ -1,0 +1,87 @@
+package gowarp_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/gowarp/gowarp"
+)
+
+// BenchmarkFileWrite measures a Write into a file region, each followed
+// by a visibility flush so that an operation ends when the responder has
+// processed it: through a plain key (placed in the page cache) and
+// through a durable key (msync of the pages it touched before the flush
+// is answered), and a plain Write followed by a persistence flush of its
+// range. disk is the test's temporary directory (a disk here: check
+// df), tmpfs /dev/shm, where msync has no device to wait for.
+func BenchmarkFileWrite(b *testing.B) {
+	for _, fs := range []struct{ name, dir string }{{"disk", ""}, {"tmpfs", "/dev/shm"}} {
+		for _, mode := range []string{"plain", "durable", "persist-flush"} {
+			for _, size := range []int{4 << 10, 1 << 20} {
+				b.Run(fs.name+"/"+mode+"/"+sizeName(size), func(b *testing.B) {
+					dir := fs.dir
+					if dir == "" {
+						dir = b.TempDir()
+					} else if _, err := os.Stat(dir); err != nil {
+						b.Skip(err)
+					}
+					f, err := os.CreateTemp(dir, "gowarp-bench")
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer os.Remove(f.Name())
+					defer f.Close()
+					if err := f.Truncate(int64(size)); err != nil {
+						b.Fatal(err)
+					}
+					p := newPair(b, gowarp.ConnectOptions{})
+					fmr, err := p.pd.RegisterFile(f, 0, 0, gowarp.RemoteWrite, gowarp.FileOptions{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					key := fmr.STag()
+					if mode == "durable" {
+						if key, err = fmr.Expose(gowarp.Durable); err != nil {
+							b.Fatal(err)
+						}
+					}
+					typ := gowarp.FlushVisibility
+					if mode == "persist-flush" {
+						typ = gowarp.FlushPersistence
+					}
+					src, sbuf := p.reg(b, size, gowarp.LocalWrite)
+					wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: fmr.Addr(), RKey: uint32(key)}
+					fl := gowarp.FlushWR{Flags: gowarp.Signaled, Type: typ, RKey: uint32(fmr.STag()), RemoteAddr: fmr.Addr(), Length: uint64(size)}
+					b.SetBytes(int64(size))
+					b.ResetTimer()
+					for i := range b.N {
+						sbuf[0] = byte(i) // a page to write back each time
+						if err := p.a.PostSend(&wr); err != nil {
+							b.Fatal(err)
+						}
+						if err := p.a.PostFlush(&fl); err != nil {
+							b.Fatal(err)
+						}
+						if c := wait(b, p.acq); c.Err() != nil {
+							b.Fatal(c.Err())
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+func sizeName(n int) string {
+	if n >= 1<<20 {
+		return itoa(n>>20) + "MiB"
+	}
+	return itoa(n>>10) + "KiB"
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + string(rune('0'+n%10))
+}
