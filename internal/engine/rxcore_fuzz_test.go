@@ -46,6 +46,15 @@ func FuzzCore(f *testing.F) {
 		e.readReq(1, wire.ReadRequest{SinkSTag: 0x99, Size: 600, SourceSTag: uint32(ph(0)), SourceTO: coreBase + 10}),
 		e.response(0, true, pattern(64, 6)),
 	)
+	// Flushes (wire/flush.go): of a range, of the whole region, and a
+	// persistence flush of memory, which is refused.
+	for _, fl := range []wire.Flush{
+		{STag: uint32(ph(0)), TO: coreBase + 16, Len: 100},
+		{STag: uint32(ph(2))},
+		{Type: wire.FlushPersistence, STag: uint32(ph(0))},
+	} {
+		seeds = append(seeds, append(e.write(ph(0), coreBase, pattern(64, 7)), e.readReq(1, fl.ReadRequest())...))
+	}
 	term := wire.NewTerminate(wire.ErrDDPInvalidSTag, seeds[0][2:16], 22, nil)
 	h := chdr(wire.OpTerminate)
 	h.MSN = 1
