@@ -373,8 +373,18 @@ func TestWriteHoldAllocs(t *testing.T) {
 }
 
 // BenchmarkPlace is one placement's memory bookkeeping, with and without
-// a snapshot open (whose pages are copied after the first pass).
+// a snapshot open (whose pages are copied after the first pass), and
+// readhold the read hold and Slices a placement took before write holds.
 func BenchmarkPlace(b *testing.B) {
+	b.Run("readhold", func(b *testing.B) {
+		r := cowRegion(b, make([]byte, 1<<20))
+		dst := make([][]byte, 0, 4)
+		for i := 0; b.Loop(); i++ {
+			r.TryHold()
+			dst = r.Slices(dst[:0], uint64(i%256)*PageSize, PageSize)
+			r.Unhold()
+		}
+	})
 	for _, snap := range []bool{false, true} {
 		name := "nosnapshot"
 		if snap {
