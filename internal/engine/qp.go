@@ -209,10 +209,15 @@ type QP struct {
 	// is handed to it, or acknowledgements are to be watched, and ends
 	// when it has nothing left to do (see txLoop). txGone: the queue pair
 	// is closing, and no transmit goroutine starts any more.
-	txRun  bool
-	txGone bool
-	txFn   func()      // q.txLoop, made once by Start; nil: no goroutines (readyLocked)
-	ackT   *time.Timer // the transmit goroutine's, made once in Acked mode
+	txRun bool
+	// txHeld: the link holds back bytes the transmit path wrote, until
+	// the peer's window has room for what the socket holds unsent (see
+	// fdLink.Writev): the transmit goroutine looks again every heldPoll.
+	txHeld   bool
+	heldPoll time.Duration
+	txGone   bool
+	txFn     func()      // q.txLoop, made once by Start; nil: no goroutines (readyLocked)
+	ackT     *time.Timer // the transmit goroutine's, made once in Acked mode
 	// drained, made by a waiting Disconnect, is closed when the transmit
 	// role is let go, the ORQ empties or the queue pair fails.
 	drained chan struct{}
@@ -605,10 +610,18 @@ func (q *QP) txLoop() {
 		handed := q.txHanded
 		q.txHanded = false
 		acks := q.cfg.Completion == Acked && q.sqDone < q.sqTx && !q.txBusy && q.State() != StateError
-		if !handed && !acks {
+		held := q.txHeld && !q.txBusy && q.State() != StateError
+		if !handed && !acks && !held {
 			q.txRun = false // a hand-off from now on starts another
 			q.mu.Unlock()
 			return
+		}
+		wait := ackPoll
+		if held && !acks {
+			// Only bytes held back wait: for a peer that does not read,
+			// the window can stay short a long time.
+			q.heldPoll = min(max(2*q.heldPoll, ackPoll), maxHeldPoll)
+			wait = q.heldPoll
 		}
 		q.mu.Unlock()
 		if handed {
@@ -616,9 +629,9 @@ func (q *QP) txLoop() {
 			continue
 		}
 		if q.ackT == nil {
-			q.ackT = time.NewTimer(ackPoll)
+			q.ackT = time.NewTimer(wait)
 		} else {
-			q.ackT.Reset(ackPoll)
+			q.ackT.Reset(wait)
 		}
 		select {
 		case <-q.txWake:
@@ -630,6 +643,7 @@ func (q *QP) txLoop() {
 				continue
 			}
 			q.txBusy = true
+			q.txHeld = false
 			q.mu.Unlock()
 			q.transmit(true)
 		case <-q.done:
@@ -644,6 +658,11 @@ func (q *QP) txLoop() {
 		}
 	}
 }
+
+// maxHeldPoll bounds the wait between two looks at the peer's window
+// while the link holds bytes back (see txHeld); the waits double from
+// ackPoll.
+const maxHeldPoll = 10 * time.Millisecond
 
 // ackPoll is how often the send queue is read while completions wait for
 // acknowledgement. The timer runs only while such work exists.

@@ -93,6 +93,21 @@ type txState struct {
 	recMax  int
 	mssNext uint64
 	grow    bool // full FPDUs follow recMax
+	// holder is the link, if it may hold bytes back (see holder);
+	// heldWait says it still holds some after Flush.
+	holder   holder
+	heldWait bool
+}
+
+// holder is a Link that may hold back bytes a Writev was given, the end
+// of a segment it expects more writes to fill (Linux: TCP_CORK).
+type holder interface {
+	// Held reports whether it may hold bytes back now.
+	Held() bool
+	// Flush sends them when it can, and reports whether it still holds
+	// some: those wait for the peer's window, and the caller calls Flush
+	// again later.
+	Flush() bool
 }
 
 // alignMaxSeg is the largest TCP segment that full FPDUs fill exactly:
@@ -153,6 +168,7 @@ func (t *txState) drop() {
 
 func (t *txState) init(q *QP, l Link) {
 	t.q, t.link, t.crc = q, l, q.params.CRC
+	t.holder, _ = l.(holder)
 	t.lastEnd = -1
 	mss := l.MSS()
 	t.recMax, t.mssNext = recLimit(mss), mssEvery
@@ -221,11 +237,25 @@ func (q *QP) transmit(block bool) {
 				return
 			}
 			t.build()
+			if t.left == 0 && !t.heldWait && t.holder != nil && t.holder.Held() {
+				// Nothing more to write: the bytes held back must go, once
+				// the peer's window has room for them (see fdLink.Writev).
+				// Look again after: posts may have come meanwhile.
+				q.mu.Unlock()
+				t.heldWait = t.holder.Flush()
+				continue
+			}
 			if t.left == 0 {
+				held := t.heldWait
+				t.heldWait = false
 				t.drop()
 				closeLink := q.releaseTxLocked()
-				if q.cfg.Completion == Acked {
-					q.startTxLocked() // the transmit goroutine watches the acknowledgements
+				if !held {
+					q.heldPoll = 0
+				}
+				q.txHeld = held && q.State() != StateError
+				if q.cfg.Completion == Acked || q.txHeld {
+					q.startTxLocked() // the transmit goroutine watches the acknowledgements, or the window
 				}
 				q.mu.Unlock()
 				if closeLink {
@@ -236,6 +266,7 @@ func (q *QP) transmit(block bool) {
 			q.mu.Unlock()
 		}
 		n, err := q.link.Writev(t.iov[t.first:], t.records(), block)
+		t.heldWait = false
 		if err != nil {
 			if errors.Is(err, errWouldBlock) {
 				if block {
