@@ -108,9 +108,12 @@ func TestVethFPDUsFillSegments(t *testing.T) {
 	go func() {
 		defer close(segs)
 		buf := make([]byte, 1<<17)
-		for !stop.Load() {
+		for {
 			k, _, err := unix.Recvfrom(fd, buf, 0)
 			if err != nil {
+				if stop.Load() {
+					return // drained: nothing came for a receive timeout after stop
+				}
 				continue // the receive timeout, to look at stop
 			}
 			if pl := tcpPayload(buf[:k]); len(pl) > 0 {
@@ -372,9 +375,12 @@ func captureTCP(t *testing.T, ns, ifname string) (stop func() []tcpSeg) {
 		defer close(segs)
 		defer unix.Close(fd)
 		buf := make([]byte, 1<<17)
-		for !quit.Load() {
+		for {
 			k, from, err := unix.Recvfrom(fd, buf, 0)
 			if err != nil {
+				if quit.Load() {
+					return // drained: nothing came for a receive timeout after stop
+				}
 				continue // the receive timeout, to look at quit
 			}
 			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
