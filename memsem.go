@@ -37,7 +37,8 @@ func (s Semantics) String() string { return mem.Semantics(s).String() }
 
 // Errors of file regions and keys.
 var (
-	// ErrFileRange: RegisterFile of a range past the file's end.
+	// ErrFileRange: RegisterFile of a range past the file's end; MR.WriteAt
+	// or Snapshot.ReadAt of pages a file region's file lost to truncation.
 	ErrFileRange = mem.ErrFileRange
 	// ErrNotFile: Durable or ReadThrough asked of a memory region.
 	ErrNotFile = mem.ErrNotFile

@@ -46,7 +46,8 @@ func (mr *MR) Snapshot(ctx context.Context) (*Snapshot, error) {
 // exist: the pages snapshots share are copied first (a writer waits while
 // another copies them), and a snapshot taken meanwhile holds all of the
 // write or none of it. It fails with ErrOutOfBounds for a range outside
-// the region and ErrRegionInvalid once the region is deregistered.
+// the region, ErrRegionInvalid once the region is deregistered and
+// ErrFileRange for pages of a file region whose file was truncated.
 func (mr *MR) WriteAt(b []byte, off int64) (int, error) { return mr.r.WriteAt(b, off) }
 
 // Len returns the snapshot's length, its region's.
@@ -54,7 +55,8 @@ func (s *Snapshot) Len() int { return s.s.Len() }
 
 // ReadAt reads the snapshot's bytes at offset off into b, as io.ReaderAt
 // does (fewer than len(b) only at the end, with io.EOF). It fails with
-// ErrSnapshotClosed once the snapshot is closed. A write to a page the
+// ErrSnapshotClosed once the snapshot is closed, ErrFileRange for a page
+// of a file region that its file lost to truncation before it was copied. A write to a page the
 // snapshot still shares waits while ReadAt reads that page.
 func (s *Snapshot) ReadAt(b []byte, off int64) (int, error) { return s.s.ReadAt(b, off) }
 

@@ -59,6 +59,10 @@ const (
 
 type page [PageSize]byte
 
+// lostPage stands in a snapshot for a page of a file region that the
+// file's truncation took away before it could be copied.
+var lostPage = new(page)
+
 // cowState is a region's copy-on-write bookkeeping, made by its first
 // snapshot.
 type cowState struct {
@@ -168,7 +172,14 @@ func (c *cowState) copyPage(r *Region, p, e uint64) {
 		if s.epoch > w && s.pages[p] == nil {
 			if cp == nil {
 				cp = new(page)
-				r.copyOut(cp[:min(PageSize, r.length-p*PageSize)], p*PageSize)
+				n := min(PageSize, r.length-p*PageSize)
+				if !r.CheckFile(p*PageSize, n) {
+					// A file truncated under the region: the page is gone
+					// (touching it would raise SIGBUS), for the snapshots too.
+					cp = lostPage
+				} else {
+					r.copyOut(cp[:n], p*PageSize)
+				}
 			}
 			s.pages[p] = cp
 		}
@@ -213,6 +224,9 @@ func (r *Region) WriteAt(b []byte, off int64) (int, error) {
 	defer r.UnholdWrite()
 	if len(b) == 0 {
 		return 0, nil
+	}
+	if !r.CheckFile(uint64(off), uint64(len(b))) {
+		return 0, fmt.Errorf("%w: %d bytes at offset %d: the file was truncated under the region", ErrFileRange, len(b), off)
 	}
 	if r.wuse.Load()&wCOW != 0 {
 		r.unshare(uint64(off), uint64(len(b)))
@@ -327,7 +341,12 @@ func (s *Snapshot) ReadAt(b []byte, off int64) (int, error) {
 			s.c.mu.Unlock()
 			return int(o - uint64(off)), ErrSnapshotClosed
 		}
-		if cp := s.pages[p]; cp != nil {
+		cp := s.pages[p]
+		if cp == lostPage || cp == nil && !s.r.CheckFile(o, k) {
+			s.c.mu.Unlock()
+			return int(o - uint64(off)), fmt.Errorf("%w: page %d: the file was truncated under the region", ErrFileRange, p)
+		}
+		if cp != nil {
 			copy(b[:k], cp[o-p*PageSize:])
 		} else {
 			s.r.copyOut(b[:k], o)
