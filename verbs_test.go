@@ -496,6 +496,14 @@ func TestDisconnect(t *testing.T) {
 	if err := p.b.Err(); !errors.Is(err, gowarp.ErrPeerClosed) {
 		t.Fatalf("peer error %v, want ErrPeerClosed", err)
 	}
+	// Posts on the failed peer say why, as Err does (a receive reposted
+	// after the last completion failed with a bare ErrNotReady).
+	if err := p.b.PostRecv(&gowarp.RecvWR{}); !errors.Is(err, gowarp.ErrNotReady) || !errors.Is(err, gowarp.ErrPeerClosed) {
+		t.Errorf("receive posted on the closed peer: %v, want ErrNotReady wrapping ErrPeerClosed", err)
+	}
+	if err := p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpSend}); !errors.Is(err, gowarp.ErrNotReady) || !errors.Is(err, gowarp.ErrPeerClosed) {
+		t.Errorf("send posted on the closed peer: %v, want ErrNotReady wrapping ErrPeerClosed", err)
+	}
 }
 
 // TestORDLimitsReads: with ORD 1 negotiated, a burst of Reads goes out one

@@ -387,10 +387,7 @@ func (q *QP) postSendLocked(wr *SendWR) error {
 // ready and the queue has room.
 func (q *QP) sqSlotLocked() (*sqEntry, error) {
 	if s := q.State(); s != StateReady {
-		if q.err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrNotReady, q.err)
-		}
-		return nil, ErrNotReady
+		return nil, q.notReadyLocked()
 	}
 	if q.sqTail-q.sqHead == uint64(len(q.sq)) {
 		if len(q.sq) == q.cfg.SendDepth {
@@ -464,6 +461,16 @@ func (q *QP) PostRecvList(wrs []RecvWR) (int, error) {
 	return len(wrs), nil
 }
 
+// notReadyLocked is the error of a post the queue pair cannot take: once
+// it has failed, it wraps why, so that a poster learns the reason (the
+// peer closed, the link broke) from the post as from Err.
+func (q *QP) notReadyLocked() error {
+	if q.err != nil {
+		return fmt.Errorf("%w: %w", ErrNotReady, q.err)
+	}
+	return ErrNotReady
+}
+
 func (q *QP) postRecvLocked(wr *RecvWR) error {
 	if len(wr.SGL) > MaxSGE {
 		return ErrTooManySGE
@@ -476,7 +483,7 @@ func (q *QP) postRecvLocked(wr *RecvWR) error {
 		total += wr.SGL[i].Length
 	}
 	if s := q.State(); s == StateError || s == StateClosing {
-		return ErrNotReady
+		return q.notReadyLocked()
 	}
 	if q.rqTail-q.rqHead == uint64(len(q.rq)) {
 		if len(q.rq) == q.cfg.RecvDepth {
