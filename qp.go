@@ -84,7 +84,9 @@ func (qp *QP) PostRecvList(wrs []RecvWR) (int, error) { return qp.q.PostRecvList
 // (placed a peer's Write, answered a Read, completed a receive…) or ctx is
 // done, running the receive path on the calling goroutine when it can: the
 // way to wait for one-sided Writes with the least latency, watching
-// MR.Placed between calls.
+// MR.Placed between calls. An FPDU received since the last call returned,
+// on another goroutine, ends it at once, so none is missed between a look
+// at MR.Placed and the call.
 func (qp *QP) Progress(ctx context.Context) error { return qp.q.Progress(ctx) }
 
 // Prepare checks wr and keeps it ready to post, pinning its regions until

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -274,5 +275,39 @@ func TestWatcherCtxLooks(t *testing.T) {
 	}
 	if w.ctxLooks == 0 {
 		t.Fatal("the contexts of inline waiters were never looked at")
+	}
+}
+
+// TestProgressSeesEarlierFPDU: an FPDU the receive goroutine received
+// after the caller last looked at MR.Placed ends the next Progress. The
+// receive goroutine had placed a Write, then yielded the path to this
+// waiter; Progress, finding both its tick and the free path, took the path
+// and counted FPDUs from there, waiting for one more that the peer, waiting
+// for an answer, never sent (gowarp perf write_lat hung with both sides in
+// Progress, once, under load 40). The state is set up directly: the
+// receive goroutine's yield is asked for as a waiter asks for it.
+func TestProgressSeesEarlierFPDU(t *testing.T) {
+	r := tcpRig(t)
+	dst, _ := r.reg(t, 64, mem.RemoteWrite|mem.LocalWrite)
+	src, _ := r.reg(t, 64, mem.LocalWrite)
+	for i := range 3 {
+		if err := r.b.PostSend(&SendWR{Op: OpWrite, SGL: []SGE{{MR: src, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			t.Fatal(err)
+		}
+		for dst.Placed() < uint64(8*(i+1)) {
+			runtime.Gosched() // the receive goroutine places it
+		}
+		// The receive goroutine gives the path up, as to a waiter.
+		r.a.rxYield.Store(true)
+		r.a.ring()
+		<-r.a.rxFree
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := r.a.Progress(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("write %d: Progress returned %v: it missed the Write the receive goroutine placed", i, err)
+		}
+		// Give the path back, as the watcher would, before the next Write.
+		r.a.handRx()
 	}
 }

@@ -257,7 +257,9 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 // (placed a peer's Write, answered a Read, completed a receive…) or ctx is
 // done, running the receive path on the calling goroutine when it can: the
 // way to wait for one-sided Writes with the least latency, watching
-// MR.Placed between calls.
+// MR.Placed between calls. An FPDU received since the last call returned,
+// on another goroutine, ends it at once, so none is missed between a look
+// at MR.Placed and the call.
 func (q *QP) Progress(ctx context.Context) error {
 	for {
 		if s := q.State(); s != StateReady && s != StateClosing {
@@ -265,6 +267,15 @@ func (q *QP) Progress(ctx context.Context) error {
 				return err
 			}
 			return ErrNotReady
+		}
+		// FPDUs the receive goroutine received since the last tick was
+		// taken may be what the caller waits for, and the count below
+		// starts after them: a waiter that took the path as that
+		// goroutine yielded it waited for one more FPDU, forever.
+		select {
+		case <-q.rxTick:
+			return nil
+		default:
 		}
 		// The FPDUs received are counted under the path, which the
 		// first call of done holds.
