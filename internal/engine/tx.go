@@ -69,6 +69,9 @@ type txState struct {
 	// out, and Deregister must wait for those. Consecutive vectors of one
 	// region share a hold, so there are no more holds than vectors.
 	holds []*mem.Region
+	// fileBatch: a region held is a file's mapping, so the CRC over the
+	// payload is computed with faults recovered (crcGuarded).
+	fileBatch bool
 
 	// Segmentation of the send-queue entry at sqTx.
 	off     int // message bytes framed
@@ -308,6 +311,9 @@ func (t *txState) hold(region *mem.Region) {
 	}
 	region.Hold()
 	t.holds = append(t.holds, region)
+	if region.File() {
+		t.fileBatch = true
+	}
 }
 
 // unholdAll ends the batch's holds: it is written, or will never be.
@@ -317,6 +323,7 @@ func (t *txState) unholdAll() {
 		t.holds[i] = nil
 	}
 	t.holds = t.holds[:0]
+	t.fileBatch = false
 }
 
 // advance consumes n written bytes from the batch.
@@ -547,7 +554,9 @@ func (t *txState) end(n int) {
 	ulen := len(hdr) - 2 + n
 	binary.BigEndian.PutUint16(hdr, uint16(ulen))
 	var crc uint32
-	if t.crc {
+	if t.crc && t.fileBatch {
+		crc = crcGuarded(wire.UpdateCRC32c(0, hdr), t.iov[t.fFirst:])
+	} else if t.crc {
 		crc = wire.UpdateCRC32c(0, hdr)
 		for _, v := range t.iov[t.fFirst:] {
 			crc = wire.UpdateCRC32c(crc, v)
