@@ -9,13 +9,14 @@ import (
 
 // TestHotPathAllocs: posting, transmitting, receiving, placing and
 // completing Writes, Reads and Sends, signaled or not, allocates nothing in
-// steady state, on either side of the connection.
+// steady state, on either side of the connection; and so do RFC 7306's
+// Writes and Sends with immediate data.
 func TestHotPathAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation counts are meaningless under -short")
 	}
 	for _, crc := range []bool{false, true} {
-		p := newPair(t, gowarp.ConnectOptions{CRC: crc})
+		p := newPair(t, gowarp.ConnectOptions{CRC: crc, Extensions: true})
 		src, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
 		dst, _ := p.reg(t, 256<<10, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite)
 		recv, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
@@ -39,11 +40,14 @@ func TestHotPathAllocs(t *testing.T) {
 				{"write", gowarp.SendWR{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}},
 				{"read", gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: recv, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}},
 				{"send", gowarp.SendWR{Op: gowarp.OpSend, SGL: sgl}},
+				{"write-imm", gowarp.SendWR{Op: gowarp.OpWriteImm, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag()), Imm: 7}},
+				{"send-imm", gowarp.SendWR{Op: gowarp.OpSendImm, SGL: sgl, Imm: 8}},
 			} {
 				for _, signaled := range []bool{true, false} {
 					wr := tc.wr
 					run := func() {
-						if wr.Op == gowarp.OpSend {
+						consumes := wr.Op == gowarp.OpSend || wr.Op == gowarp.OpWriteImm || wr.Op == gowarp.OpSendImm
+						if consumes {
 							p.b.PostRecv(&gowarp.RecvWR{SGL: rsgl})
 							if !signaled {
 								p.b.PostRecv(&gowarp.RecvWR{SGL: rsgl})
@@ -61,7 +65,7 @@ func TestHotPathAllocs(t *testing.T) {
 							t.Fatal(err)
 						}
 						waitOne(p.acq)
-						if wr.Op == gowarp.OpSend {
+						if consumes {
 							waitOne(p.bcq)
 							if !signaled {
 								waitOne(p.bcq)

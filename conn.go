@@ -132,6 +132,17 @@ type ConnectOptions struct {
 	// applies to the TCP socket under it when there is one (see
 	// ConnectConn).
 	LinkTimeout time.Duration
+	// Extensions offers RFC 7306's extensions (immediate data: OpWriteImm,
+	// OpSendImm), which gowarp negotiates in an 8-byte block at the end of
+	// the MPA private data (so PrivateData may then be 8 bytes shorter).
+	// They are on (Params.Extensions) only when both sides offer them: a
+	// responder answers with its block only to a request that carried one,
+	// and neither application sees the blocks. A peer that does not speak
+	// them (siw, rdma-core's tools) never receives one, and posting one
+	// toward it fails at once with ErrNotSupported. Leave it off toward
+	// such peers when connecting: their applications would see the
+	// initiator's block at the end of the private data.
+	Extensions bool
 }
 
 // DefaultLinkTimeout is the LinkTimeout of ConnectOptions' zero value.
@@ -259,6 +270,11 @@ func (r *ConnRequest) PrivateData() []byte { return r.r.PrivateData() }
 // initiator_depth); ok is false for a revision 1 request, which carries
 // none.
 func (r *ConnRequest) ReadLimits() (ird, ord int, ok bool) { return r.r.ReadLimits() }
+
+// OffersExtensions reports whether the connecting peer offered RFC 7306's
+// extensions (ConnectOptions.Extensions); accept with Extensions set to
+// turn them on.
+func (r *ConnRequest) OffersExtensions() bool { return r.r.OffersExt() }
 
 // RemoteAddr returns the connecting peer's address.
 func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }

@@ -53,6 +53,10 @@ var (
 	// ErrZeroORD: an RDMA Read posted on a connection whose ORD is 0
 	// (NoReads asked for, or the peer's IRD is 0).
 	ErrZeroORD = engine.ErrZeroORD
+	// ErrNotSupported: an RFC 7306 operation (immediate data) posted on
+	// a connection whose peer did not negotiate the extensions
+	// (ConnectOptions.Extensions), or prepared before it was connected.
+	ErrNotSupported = engine.ErrNotSupported
 	// ErrTooLong: a work request's SGEs add up to 4 GiB or more, more
 	// than one RDMAP message can carry.
 	ErrTooLong = engine.ErrTooLong

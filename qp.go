@@ -23,6 +23,9 @@ type Params struct {
 	// IRD is how many inbound RDMA Reads may be outstanding, ORD how many
 	// outbound; 0 allows none.
 	IRD, ORD int
+	// Extensions is whether both sides offered RFC 7306's extensions
+	// (ConnectOptions.Extensions): immediate data may be posted.
+	Extensions bool
 }
 
 // Disconnect closes the connection gracefully: it stops new work, waits
@@ -47,7 +50,7 @@ func (qp *QP) Err() error { return qp.q.Err() }
 // Params returns what connection setup settled.
 func (qp *QP) Params() Params {
 	p := qp.q.Params()
-	return Params{CRC: p.CRC, IRD: p.IRD, ORD: p.ORD}
+	return Params{CRC: p.CRC, IRD: p.IRD, ORD: p.ORD, Extensions: p.Ext}
 }
 
 // PeerPrivateData returns the private data the peer sent while connecting.

@@ -33,6 +33,17 @@ const (
 	OpWrite                   // RDMA Write
 	OpRead                    // RDMA Read
 	OpFlush                   // flush (remote completion); posted with QP.PostFlush
+	// OpWriteImm is an RDMA Write followed by immediate data (Imm): the
+	// peer learns from a completion that the Write has landed. It
+	// consumes one of the peer's posted receives (none of whose memory
+	// it writes), whose completion has WithImm set, Imm, and Bytes 0.
+	// RFC 7306's Immediate Data; only toward a peer that negotiated it
+	// (ConnectOptions.Extensions), else ErrNotSupported.
+	OpWriteImm
+	// OpSendImm is a Send carrying immediate data (Imm): the peer's
+	// receive completes with its bytes, WithImm and Imm. Only toward a
+	// peer that negotiated RFC 7306's extensions, as OpWriteImm.
+	OpSendImm
 )
 
 func (o WROp) String() string { return engine.WROp(o).String() }
@@ -65,6 +76,8 @@ type SendWR struct {
 	RKey       uint32
 	// InvalidateSTag is the peer's STag a Send with Invalidate kills.
 	InvalidateSTag uint32
+	// Imm is the immediate data of OpWriteImm and OpSendImm.
+	Imm uint32
 }
 
 // RecvWR is a receive-queue work request: where a peer's Send lands.
@@ -122,6 +135,11 @@ type Completion struct {
 	Solicited bool
 	// Invalidated is the local STag a Send with Invalidate killed (receives).
 	Invalidated uint32
+	// Imm is the immediate data of a receive completed by the peer's
+	// OpWriteImm or OpSendImm, which set WithImm. The Solicited flag of
+	// either sets Solicited.
+	Imm     uint32
+	WithImm bool
 }
 
 // Err returns nil for a successful completion and its Status otherwise.

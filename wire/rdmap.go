@@ -49,7 +49,8 @@ type OpInfo struct {
 	// Extra is the number of RDMAP bytes that follow the DDP header before
 	// the payload: the Read Request body, the Terminate control word.
 	Extra int
-	// Send is true for the four Send opcodes (consume a receive WQE).
+	// Send is true for the opcodes that consume a receive WQE: the four
+	// Sends and Immediate Data (RFC 7306 §4.1).
 	Send bool
 	// Ext marks RFC 7306's opcodes: a receiver takes them only from a
 	// peer it negotiated them with, and refuses them otherwise as
@@ -68,8 +69,8 @@ var Ops = [16]OpInfo{
 	OpSendSEInv:    {Name: "Send with Solicited Event and Invalidate", Valid: true, QN: QNSend, Send: true},
 	OpTerminate:    {Name: "Terminate", Valid: true, QN: QNTerminate, Extra: terminateCtlLen},
 
-	OpImmediate:      {Name: "Immediate Data", Valid: true, Ext: true, QN: QNSend, Extra: ImmediateLen},
-	OpImmediateSE:    {Name: "Immediate Data with Solicited Event", Valid: true, Ext: true, QN: QNSend, Extra: ImmediateLen},
+	OpImmediate:      {Name: "Immediate Data", Valid: true, Ext: true, QN: QNSend, Extra: ImmediateLen, Send: true},
+	OpImmediateSE:    {Name: "Immediate Data with Solicited Event", Valid: true, Ext: true, QN: QNSend, Extra: ImmediateLen, Send: true},
 	OpAtomicRequest:  {Name: "Atomic Request", Valid: true, Ext: true, QN: QNRead, Extra: AtomicRequestLen},
 	OpAtomicResponse: {Name: "Atomic Response", Valid: true, Ext: true, QN: QNAtomicResponse, Extra: AtomicResponseLen},
 }

@@ -24,8 +24,8 @@ func TestOpcodeTable(t *testing.T) {
 		{OpTerminate, "Terminate", false, QNTerminate, 4, false, false, false, 22, 0x4147, 0x0147},
 		// RFC 7306 §4.1, §5.1: Immediate Data on the Send queue with an
 		// 8-byte body; Atomic Requests on the Read queue, Responses on 3.
-		{OpImmediate, "Immediate Data", false, QNSend, 8, false, false, false, 26, 0x4148, 0x0148},
-		{OpImmediateSE, "Immediate Data with Solicited Event", false, QNSend, 8, false, true, false, 26, 0x4149, 0x0149},
+		{OpImmediate, "Immediate Data", false, QNSend, 8, true, false, false, 26, 0x4148, 0x0148},
+		{OpImmediateSE, "Immediate Data with Solicited Event", false, QNSend, 8, true, true, false, 26, 0x4149, 0x0149},
 		{OpAtomicRequest, "Atomic Request", false, QNRead, 52, false, false, false, 70, 0x414a, 0x014a},
 		{OpAtomicResponse, "Atomic Response", false, QNAtomicResponse, 12, false, false, false, 30, 0x414b, 0x014b},
 	}

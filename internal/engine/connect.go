@@ -30,6 +30,7 @@ type ConnectOptions struct {
 	NoNudge     bool
 	NudgeEvery  time.Duration
 	LinkTimeout time.Duration
+	Extensions  bool
 }
 
 // NoReads as ConnectOptions.IRD or ORD asks for none: IRD 0 serves no
@@ -42,7 +43,7 @@ const NoReads = -1
 const nudgeTicks = 20
 
 func (o *ConnectOptions) cm() cm.Options {
-	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout}
+	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout, Ext: o.Extensions}
 }
 
 // Connect connects an idle queue pair to a listening peer at addr
@@ -175,7 +176,7 @@ func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions, initiator bool) e
 	q.mu.Lock()
 	q.peerData = append([]byte(nil), r.PrivateData...)
 	q.mu.Unlock()
-	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx && !o.SendFirst, MaxFPDU: o.MaxFPDU}
+	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx && !o.SendFirst, MaxFPDU: o.MaxFPDU, Ext: r.Ext}
 	if initiator && !o.NoNudge {
 		p.Nudge = cmp.Or(o.NudgeEvery, 200*time.Millisecond)
 	}

@@ -69,7 +69,7 @@ func fingerprint(wr *SendWR) uint64 {
 // same reports whether wr has exactly the shape s holds.
 func (s *shape) same(wr *SendWR) bool {
 	if s.wr.Op != wr.Op || s.wr.Flags != wr.Flags&^Signaled || s.wr.RKey != wr.RKey ||
-		s.wr.RemoteAddr != wr.RemoteAddr || s.wr.InvalidateSTag != wr.InvalidateSTag || s.nsge != len(wr.SGL) {
+		s.wr.RemoteAddr != wr.RemoteAddr || s.wr.InvalidateSTag != wr.InvalidateSTag || s.wr.Imm != wr.Imm || s.nsge != len(wr.SGL) {
 		return false
 	}
 	for i := range wr.SGL {
@@ -87,7 +87,7 @@ func checkShape(wr *SendWR) (int, error) {
 		return 0, ErrTooManySGE
 	}
 	switch wr.Op {
-	case OpSend, OpSendInv, OpWrite, OpRead:
+	case OpSend, OpSendInv, OpWrite, OpRead, OpWriteImm, OpSendImm:
 	default:
 		return 0, ErrBadOp
 	}
@@ -216,6 +216,9 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 		if err == nil && p.s.wr.Op == OpRead && len(q.orq) == 0 {
 			err = ErrZeroORD
 		}
+		if err == nil && p.s.wr.Op.ext() && !q.params.Ext {
+			err = ErrNotSupported
+		}
 		if err != nil {
 			if i > 0 {
 				q.kickLocked()
@@ -232,7 +235,7 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 		if signaled && i == n-1 {
 			e.wr.Flags |= Signaled
 		}
-		e.wr.RKey, e.wr.RemoteAddr, e.wr.InvalidateSTag = p.s.wr.RKey, p.s.wr.RemoteAddr, p.s.wr.InvalidateSTag
+		e.wr.RKey, e.wr.RemoteAddr, e.wr.InvalidateSTag, e.wr.Imm = p.s.wr.RKey, p.s.wr.RemoteAddr, p.s.wr.InvalidateSTag, p.s.wr.Imm
 		e.length, e.tmpl = p.s.length, p.s.tmpl
 		if e.wr.Op == OpRead {
 			e.readsLeft = max(1, p.s.nsge)

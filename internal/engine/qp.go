@@ -82,6 +82,7 @@ var (
 	ErrBadState       = errors.New("gowarp: queue pair is in the wrong state for this call")
 	ErrBadConfig      = errors.New("gowarp: invalid queue pair configuration")
 	ErrZeroORD        = errors.New("gowarp: RDMA Read on a connection whose ORD is 0")
+	ErrNotSupported   = errors.New("gowarp: operation not supported by the peer (RFC 7306 extensions not negotiated)")
 )
 
 // Config fixes a queue pair's resources at creation.
@@ -114,6 +115,9 @@ type Params struct {
 	// MaxFPDU is the size on the wire of a full FPDU; 0 sizes FPDUs to
 	// the TCP segment, as siw does.
 	MaxFPDU int
+	// Ext: both sides offered RFC 7306's extensions (immediate data,
+	// atomics) while connecting; without it none is sent or taken.
+	Ext bool
 	// Nudge, when not zero, makes the queue pair wake a peer that has
 	// sent nothing yet with zero-length Writes, after each Nudge of quiet
 	// (see ConnectOptions.NoNudge).
@@ -369,6 +373,9 @@ func (q *QP) postSendLocked(wr *SendWR) error {
 	}
 	if wr.Op == OpRead && len(q.orq) == 0 {
 		return ErrZeroORD
+	}
+	if wr.Op.ext() && !q.params.Ext {
+		return ErrNotSupported // never sent to a peer that did not offer it
 	}
 	e.wr, e.length, e.tmpl = *wr, sh.length, sh.tmpl
 	e.wr.SGL = nil

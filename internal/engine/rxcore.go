@@ -114,6 +114,7 @@ type rxState struct {
 	recvBytes  int
 	recvMSN    uint32
 	recvStatus Status
+	imm        uint64 // the Immediate Data of the message under way
 }
 
 func (r *rxState) init(q *QP) {
@@ -351,6 +352,10 @@ func (r *rxState) header() error {
 		}
 	}
 	info := h.Opcode.Info()
+	if info.Ext && !r.extOK(h.Opcode) {
+		// Never taken from a peer that did not negotiate it (ext.go).
+		return newFault(wire.ErrRDMAPOpcode, "%v, an extension not negotiated", h.Opcode)
+	}
 	if r.ulen < n+info.Extra {
 		return newFault(wire.ErrDDPCatastrophic, "%v of %d bytes is shorter than its header", h.Opcode, r.ulen)
 	}
@@ -386,7 +391,10 @@ func (r *rxState) header() error {
 			return newFault(wire.ErrDDPTooLong, "Read Request with %d bytes after its body", payload)
 		}
 		r.rr, r.src, err = r.readRequest(&h)
-	default: // the Sends
+	default: // the Sends, and Immediate Data
+		if info.Extra == wire.ImmediateLen {
+			r.imm, _, _ = wire.ParseImmediate(r.head[n:])
+		}
 		err = r.send(&h, payload)
 	}
 	if err != nil {
@@ -476,16 +484,11 @@ func checkHeader(h *wire.Header) error {
 	switch {
 	case !info.Valid:
 		return newFault(wire.ErrRDMAPOpcode, "%v", h.Opcode)
-	case info.Ext:
-		// RFC 7306's opcodes are not taken from a peer that did not
-		// negotiate them, and gowarp does not yet negotiate them.
-		return newFault(wire.ErrRDMAPOpcode, "%v, an extension not negotiated", h.Opcode)
 	case info.Tagged != h.Tagged:
 		return newFault(wire.ErrRDMAPOpcode, "%v in the wrong buffer model", h.Opcode)
 	case !h.Tagged && h.QN != info.QN:
 		return newFault(wire.ErrDDPInvalidQN, "%v on queue %d", h.Opcode, h.QN)
-	case !h.Tagged && !h.Last && h.Opcode != wire.OpSend && h.Opcode != wire.OpSendSE &&
-		h.Opcode != wire.OpSendInv && h.Opcode != wire.OpSendSEInv:
+	case !h.Tagged && !h.Last && !info.Send:
 		return newFault(wire.ErrDDPInvalidMO, "%v without the last flag", h.Opcode)
 	}
 	return nil
@@ -812,6 +815,9 @@ func (r *rxState) sendPlaced(h *wire.Header, n int) error {
 		return nil
 	}
 	c := Completion{QP: q, Op: CompRecv, Bytes: r.recvBytes, Solicited: h.Opcode.Solicited()}
+	if h.Opcode.Info().Extra == wire.ImmediateLen {
+		c.Imm, c.WithImm = uint32(r.imm), true
+	}
 	if h.Opcode.Invalidates() {
 		if why := q.cfg.Table.Invalidate(q.cfg.PD, mem.STag(h.RsvdULP)); why != mem.OK {
 			return newFault(wire.ErrRDMAPCannotInvalidate, "STag %#08x: %v", h.RsvdULP, why)

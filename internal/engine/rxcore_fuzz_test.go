@@ -45,6 +45,8 @@ func FuzzCore(f *testing.F) {
 		append(e.send(wire.OpSend, 1, 0, false, pattern(300, 4)), e.send(wire.OpSendSE, 1, 300, true, pattern(2100, 5))...),
 		e.readReq(1, wire.ReadRequest{SinkSTag: 0x99, Size: 600, SourceSTag: uint32(ph(0)), SourceTO: coreBase + 10}),
 		e.response(0, true, pattern(64, 6)),
+		append(e.write(ph(0), coreBase, pattern(8, 7)), e.imm(wire.OpImmediate, 1, 0, true, 9, nil)...),
+		append(e.imm(wire.OpImmediateSE, 1, 0, false, 3, pattern(30, 8)), e.imm(wire.OpImmediateSE, 1, 30, true, 3, pattern(9, 9))...),
 	)
 	// Flushes (wire/flush.go): of a range, of the whole region, and a
 	// persistence flush of memory, which is refused.
@@ -66,7 +68,8 @@ func FuzzCore(f *testing.F) {
 		f.Add(s, uint64(i), i%2 == 0)
 	}
 	f.Fuzz(func(t *testing.T, in []byte, seed uint64, crc bool) {
-		e.reset(t, crc, 4) // the regions stay: each input gets a new queue pair
+		e.ext = seed%2 == 0 // with RFC 7306's extensions negotiated, and without
+		e.reset(t, crc, 4)  // the regions stay: each input gets a new queue pair
 		e.recv(t, 1, 64)
 		e.recv(t, 2, 100, 1000, 2000)
 		e.read(t, 3, 0, 64)

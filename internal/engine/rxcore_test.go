@@ -84,6 +84,7 @@ type coreEnv struct {
 	// inv is registered afresh for every feeding, as a Send with
 	// Invalidate kills it.
 	inv  *mem.Region
+	ext  bool // the next queue pair negotiated RFC 7306's extensions
 	q    *QP
 	cq   *CQ
 	crc  bool
@@ -136,7 +137,7 @@ func (e *coreEnv) reset(t testing.TB, crc bool, ird int) *sinkLink {
 	e.crc = crc
 	l := newSinkLink()
 	e.q.mu.Lock()
-	e.q.readyLocked(l, Params{CRC: crc, IRD: ird, ORD: 4, MaxFPDU: 512})
+	e.q.readyLocked(l, Params{CRC: crc, IRD: ird, ORD: 4, MaxFPDU: 512, Ext: e.ext})
 	e.q.mu.Unlock()
 	return l
 }
@@ -192,6 +193,13 @@ func (e *coreEnv) send(op wire.Opcode, msn, mo uint32, last bool, payload []byte
 	h := chdr(op)
 	h.MSN, h.MO, h.Last = msn, mo, last
 	return e.fpdu(h, nil, payload)
+}
+
+// imm is one segment of an Immediate Data message.
+func (e *coreEnv) imm(op wire.Opcode, msn, mo uint32, last bool, v uint64, payload []byte) []byte {
+	h := chdr(op)
+	h.MSN, h.MO, h.Last = msn, mo, last
+	return e.fpdu(h, wire.AppendImmediate(nil, v), payload)
 }
 
 func (e *coreEnv) readReq(msn uint32, rr wire.ReadRequest) []byte {
@@ -317,6 +325,7 @@ func feedCore(t testing.TB, r *rxState, in []byte, cuts []int) error {
 
 // run feeds one case's stream to a fresh queue pair and collects its effects.
 func (e *coreEnv) run(t testing.TB, c *coreCase, crc bool, cuts func(n int) []int) (*coreEffects, []byte) {
+	e.ext = c.ext
 	l := e.reset(t, crc, c.ird)
 	if c.setup != nil {
 		c.setup(t, e)
@@ -375,6 +384,7 @@ func (e *coreEnv) run(t testing.TB, c *coreCase, crc bool, cuts func(n int) []in
 type coreCase struct {
 	name     string
 	ird      int
+	ext      bool   // RFC 7306's extensions negotiated
 	crc      []bool // CRC settings to run it under; both if nil
 	setup    func(t testing.TB, e *coreEnv)
 	stream   func(e *coreEnv) []byte
@@ -464,6 +474,31 @@ func validCoreCases() []coreCase {
 			if e.inv.Valid() {
 				t.Error("Send with Invalidate left its STag valid")
 			}
+		}},
+		{name: "immediate data", ext: true, setup: func(t testing.TB, e *coreEnv) {
+			e.recv(t, 1, 16)
+			e.recv(t, 2, 100, 3000)
+			e.recv(t, 3, 8)
+		}, stream: func(e *coreEnv) []byte {
+			var b []byte
+			// A Write with immediate data: the Write, then the Immediate
+			// Data message, which completes receive 1 with nothing in it.
+			b = append(b, e.write(e.rw.STag(), coreBase+5, w1)...)
+			b = append(b, e.imm(wire.OpImmediate, 1, 0, true, 0xabc, nil)...)
+			// A Send with immediate data in segments, each with the body.
+			b = append(b, e.imm(wire.OpImmediateSE, 2, 0, false, 7, s1)...)
+			b = append(b, e.imm(wire.OpImmediateSE, 2, 300, true, 7, s2)...)
+			// The RFC's 8 bytes: verbs' 4 are the low half.
+			b = append(b, e.imm(wire.OpImmediate, 3, 0, true, 1<<32|5, nil)...)
+			return b
+		}, check: func(t testing.TB, e *coreEnv, x *coreEffects) {
+			wantComps(t, x,
+				Completion{ID: 1, Op: CompRecv, Imm: 0xabc, WithImm: true},
+				Completion{ID: 2, Op: CompRecv, Bytes: 2400, Solicited: true, Imm: 7, WithImm: true},
+				Completion{ID: 3, Op: CompRecv, Imm: 5, WithImm: true})
+			wantMem(t, e.rw, 5, w1)
+			wantMem(t, e.local, 0, s1) // every receive's SGEs start at 0
+			wantMem(t, e.local, 300, s2)
 		}},
 		{name: "read requests", ird: 4, stream: func(e *coreEnv) []byte {
 			var b []byte
@@ -614,6 +649,22 @@ func hostileCoreCases() []coreCase {
 		{name: "Immediate Data with SE not negotiated", setup: recv64, stream: raw(wire.OpImmediateSE, func(h *wire.Header) { h.MSN = 1 },
 			wire.AppendImmediate(nil, 7)), want: wire.ErrRDMAPOpcode},
 		{name: "Atomic Request not negotiated", ird: 4, stream: func(e *coreEnv) []byte {
+			h := chdr(wire.OpAtomicRequest)
+			h.MSN = 1
+			return e.fpdu(h, (&wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.rw.STag()), RemoteTO: coreBase, AddSwap: 1}).Append(nil), nil)
+		}, want: wire.ErrRDMAPOpcode},
+		{name: "Immediate Data without a receive", ext: true, stream: func(e *coreEnv) []byte { return e.imm(wire.OpImmediate, 1, 0, true, 1, nil) },
+			want: wire.ErrDDPNoBuffer, echo: true},
+		{name: "Immediate Data longer than the receive", ext: true, setup: func(t testing.TB, e *coreEnv) { e.recv(t, 100, 8) },
+			stream: func(e *coreEnv) []byte { return e.imm(wire.OpImmediate, 1, 0, true, 1, make([]byte, 16)) },
+			want:   wire.ErrDDPNoBuffer, echo: true, status: LocalLengthError},
+		{name: "Immediate Data with wrong MSN", ext: true, setup: recv64, stream: func(e *coreEnv) []byte { return e.imm(wire.OpImmediate, 2, 0, true, 1, nil) },
+			want: wire.ErrDDPInvalidMSN, echo: true},
+		{name: "Immediate Data shorter than its body", ext: true, setup: recv64, stream: raw(wire.OpImmediate, func(h *wire.Header) { h.MSN = 1 }, make([]byte, 7)),
+			want: wire.ErrDDPCatastrophic},
+		{name: "Immediate Data on the Read queue", ext: true, setup: recv64, stream: raw(wire.OpImmediate, func(h *wire.Header) { h.MSN, h.QN = 1, 1 }, make([]byte, 8)),
+			want: wire.ErrDDPInvalidQN, echo: true},
+		{name: "Atomic Request negotiated, not carried out", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
 			h := chdr(wire.OpAtomicRequest)
 			h.MSN = 1
 			return e.fpdu(h, (&wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.rw.STag()), RemoteTO: coreBase, AddSwap: 1}).Append(nil), nil)

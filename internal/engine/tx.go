@@ -77,7 +77,8 @@ type txState struct {
 	off     int // message bytes framed
 	sge     int // SGE index and offset of the next payload byte
 	sgeOff  int
-	readIdx int // Reads: next SGE to request
+	readIdx int  // Reads: next SGE to request
+	immDue  bool // a Write with immediate data: the Write is framed, the Immediate Data not yet
 
 	msn      [3]uint32 // last MSN sent per queue number
 	burst    int
@@ -785,6 +786,10 @@ func (t *txState) frameSQ() bool {
 	switch e.wr.Op {
 	case OpFlush:
 		return t.frameFlush(e)
+	case OpWriteImm:
+		return t.frameWriteImm(e, sges)
+	case OpSendImm:
+		return t.frameSendImm(e, sges)
 	case OpWrite:
 		for t.room() {
 			n := t.fit(t.cut(t.maxTagged, e.length, t.off), e.length-t.off, wire.TaggedHeaderLen, t.off == 0)

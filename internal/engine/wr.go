@@ -18,7 +18,13 @@ const (
 	OpWrite                   // RDMA Write
 	OpRead                    // RDMA Read
 	OpFlush                   // flush (remote completion): QP.PostFlush
+	// RFC 7306's, toward a peer that negotiated them (Params.Ext).
+	OpWriteImm // RDMA Write, then Immediate Data: the peer's receive completes
+	OpSendImm  // Send carrying Immediate Data
 )
+
+// ext reports whether o needs RFC 7306's extensions.
+func (o WROp) ext() bool { return o >= OpWriteImm }
 
 func (o WROp) String() string {
 	switch o {
@@ -32,6 +38,10 @@ func (o WROp) String() string {
 		return "read"
 	case OpFlush:
 		return "flush"
+	case OpWriteImm:
+		return "write-imm"
+	case OpSendImm:
+		return "send-imm"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -67,6 +77,7 @@ type SendWR struct {
 	RemoteAddr     uint64
 	RKey           uint32
 	InvalidateSTag uint32
+	Imm            uint32
 }
 
 // RecvWR is a receive-queue work request: where a peer's Send lands.
@@ -152,6 +163,9 @@ type Completion struct {
 	Solicited bool
 	// Invalidated is the local STag a Send with Invalidate killed (receives).
 	Invalidated uint32
+	// Imm is the immediate data of a receive with WithImm set.
+	Imm     uint32
+	WithImm bool
 }
 
 // Err returns nil for a successful completion and its Status otherwise.
@@ -164,7 +178,7 @@ func (c *Completion) Err() error {
 
 func compOp(o WROp) CompletionOp {
 	switch o {
-	case OpWrite:
+	case OpWrite, OpWriteImm:
 		return CompWrite
 	case OpRead:
 		return CompRead

@@ -1,0 +1,192 @@
+package gowarp_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/wire"
+)
+
+var extOpts = gowarp.ConnectOptions{Extensions: true}
+
+// TestWriteImm: a Write with immediate data lands, then completes one of
+// the target's receives with the immediate, and the Write's bytes are in
+// place when it does; the requester's completion is a Write's.
+func TestWriteImm(t *testing.T) {
+	p := newPair(t, extOpts)
+	if !p.a.Params().Extensions || !p.b.Params().Extensions {
+		t.Fatalf("extensions not negotiated: %+v %+v", p.a.Params(), p.b.Params())
+	}
+	src, sbuf := p.reg(t, 256<<10, gowarp.LocalWrite)
+	dst, dbuf := p.reg(t, 256<<10, gowarp.LocalWrite|gowarp.RemoteWrite)
+	rmr, rbuf := p.reg(t, 64, gowarp.LocalWrite)
+	for i := range sbuf {
+		sbuf[i] = byte(i * 7)
+	}
+	for i := range rbuf {
+		rbuf[i] = 0xee
+	}
+	for _, n := range []int{0, 1, 100, 200 << 10} {
+		clear(dbuf)
+		if err := p.b.PostRecv(&gowarp.RecvWR{ID: 9, SGL: []gowarp.SGE{{MR: rmr, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWriteImm, Flags: gowarp.Signaled, Imm: 0xc0ffee00 + uint32(n),
+			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			t.Fatal(err)
+		}
+		c := wait(t, p.bcq)
+		if c.Err() != nil || c.ID != 9 || c.Op != gowarp.CompRecv || !c.WithImm || c.Imm != 0xc0ffee00+uint32(n) || c.Bytes != 0 || c.Solicited {
+			t.Fatalf("%d bytes: target's completion %+v", n, c)
+		}
+		if !bytes.Equal(dbuf[:n], sbuf[:n]) {
+			t.Fatalf("%d bytes: the Write had not landed when its immediate completed", n)
+		}
+		if c := wait(t, p.acq); c.Err() != nil || c.Op != gowarp.CompWrite || c.ID != 1 {
+			t.Fatalf("requester's completion %+v", c)
+		}
+	}
+	if !bytes.Equal(rbuf, bytes.Repeat([]byte{0xee}, 64)) {
+		t.Fatal("a Write with immediate data wrote into the receive's memory")
+	}
+}
+
+// TestSendImm: a Send with immediate data fills one receive with its
+// bytes and carries the immediate, at every size (several FPDUs too),
+// solicited or not; a Send without stays without.
+func TestSendImm(t *testing.T) {
+	p := newPair(t, extOpts)
+	src, sbuf := p.reg(t, 300<<10, gowarp.LocalWrite)
+	dst, dbuf := p.reg(t, 300<<10, gowarp.LocalWrite)
+	for i := range sbuf {
+		sbuf[i] = byte(i*13 + 1)
+	}
+	for i, n := range []int{0, 5, 4096, 300 << 10} {
+		clear(dbuf)
+		if err := p.b.PostRecv(&gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: dst, Length: len(dbuf)}}}); err != nil {
+			t.Fatal(err)
+		}
+		flags := gowarp.Signaled
+		if i%2 == 1 {
+			flags |= gowarp.Solicited
+		}
+		if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpSendImm, Flags: flags, Imm: uint32(i) + 1000,
+			SGL: []gowarp.SGE{{MR: src, Length: n}}}); err != nil {
+			t.Fatal(err)
+		}
+		c := wait(t, p.bcq)
+		if c.Err() != nil || c.ID != uint64(i) || !c.WithImm || c.Imm != uint32(i)+1000 || c.Bytes != n || c.Solicited != (i%2 == 1) {
+			t.Fatalf("%d bytes: completion %+v", n, c)
+		}
+		if !bytes.Equal(dbuf[:n], sbuf[:n]) {
+			t.Fatalf("%d bytes: payload differs", n)
+		}
+		if c := wait(t, p.acq); c.Err() != nil || c.Op != gowarp.CompSend {
+			t.Fatalf("requester's completion %+v", c)
+		}
+	}
+	if err := p.b.PostRecv(&gowarp.RecvWR{ID: 50, SGL: []gowarp.SGE{{MR: dst, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, p.bcq); c.Err() != nil || c.WithImm || c.Imm != 0 {
+		t.Fatalf("plain Send's completion %+v", c)
+	}
+}
+
+// TestExtNotNegotiated: unless both sides offer the extensions, posting
+// one fails at once with ErrNotSupported, and the queue pair goes on.
+func TestExtNotNegotiated(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		client, server gowarp.ConnectOptions
+	}{
+		{"client only", extOpts, gowarp.ConnectOptions{}},
+		{"server only", gowarp.ConnectOptions{}, extOpts},
+		{"neither", gowarp.ConnectOptions{}, gowarp.ConnectOptions{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPairOpts(t, tt.client, tt.server)
+			if p.a.Params().Extensions || p.b.Params().Extensions {
+				t.Fatal("extensions on")
+			}
+			mr, _ := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteWrite)
+			for _, qp := range []*gowarp.QP{p.a, p.b} {
+				for _, op := range []gowarp.WROp{gowarp.OpWriteImm, gowarp.OpSendImm} {
+					err := qp.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RemoteAddr: mr.Addr(), RKey: uint32(mr.STag())})
+					if !errors.Is(err, gowarp.ErrNotSupported) {
+						t.Fatalf("%v: %v, want ErrNotSupported", op, err)
+					}
+					pr, err := qp.Prepare(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RemoteAddr: mr.Addr(), RKey: uint32(mr.STag())})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := pr.Post(1, true); !errors.Is(err, gowarp.ErrNotSupported) {
+						t.Fatalf("prepared %v: %v, want ErrNotSupported", op, err)
+					}
+					pr.Release()
+				}
+			}
+			// The queue pairs still work.
+			if err := p.b.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: mr, Length: 8}}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Length: 8}}}); err != nil {
+				t.Fatal(err)
+			}
+			if c := wait(t, p.bcq); c.Err() != nil || c.WithImm {
+				t.Fatalf("completion %+v", c)
+			}
+		})
+	}
+}
+
+// TestNoExtToRawPeer: a gowarp responder offering the extensions, to a
+// peer whose request did not offer them (as siw's): the reply carries no
+// offer, posting one fails with ErrNotSupported, and what does go out
+// has no extension opcode. Its Immediate Data is refused with a
+// Terminate (unexpected opcode).
+func TestNoExtToRawPeer(t *testing.T) {
+	s := newServer(t, extOpts)
+	p, rep := dialRaw(t, s.ln.Addr().String(), false, 4, 4)
+	if len(rep.PrivateData) != 0 {
+		t.Fatalf("reply carries private data % x", rep.PrivateData)
+	}
+	qp := s.accepted(t)
+	if qp.Params().Extensions {
+		t.Fatal("extensions on toward a peer that did not offer them")
+	}
+	mr, err := s.pd.Register(make([]byte, 64), gowarp.LocalWrite|gowarp.RemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.write(1, 0, nil) // the initiator's first FPDU: the responder may now send
+	for _, op := range []gowarp.WROp{gowarp.OpWriteImm, gowarp.OpSendImm} {
+		if err := qp.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RKey: 5, RemoteAddr: 0}); !errors.Is(err, gowarp.ErrNotSupported) {
+			t.Fatalf("%v: %v", op, err)
+		}
+	}
+	if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RKey: 5, RemoteAddr: 0}); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := p.next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Opcode != wire.OpWrite {
+		t.Fatalf("peer received %v, want the Write", h.Opcode)
+	}
+	qp.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: mr, Length: 64}}})
+	ih := hdr(wire.OpImmediate)
+	ih.MSN = 1
+	p.send(ih, wire.AppendImmediate(nil, 1), nil)
+	p.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if term := p.terminate(); term.Err != *wire.ErrRDMAPOpcode {
+		t.Fatalf("Terminate %v, want %v", term.Err, wire.ErrRDMAPOpcode)
+	}
+}
