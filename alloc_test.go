@@ -10,7 +10,7 @@ import (
 // TestHotPathAllocs: posting, transmitting, receiving, placing and
 // completing Writes, Reads and Sends, signaled or not, allocates nothing in
 // steady state, on either side of the connection; and so do RFC 7306's
-// Writes and Sends with immediate data.
+// Writes and Sends with immediate data and atomics.
 func TestHotPathAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation counts are meaningless under -short")
@@ -18,7 +18,7 @@ func TestHotPathAllocs(t *testing.T) {
 	for _, crc := range []bool{false, true} {
 		p := newPair(t, gowarp.ConnectOptions{CRC: crc, Extensions: true})
 		src, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
-		dst, _ := p.reg(t, 256<<10, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite)
+		dst, _ := p.reg(t, 256<<10, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite|gowarp.RemoteAtomic)
 		recv, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
 		ctx := context.Background()
 		var wc [4]gowarp.Completion
@@ -42,6 +42,8 @@ func TestHotPathAllocs(t *testing.T) {
 				{"send", gowarp.SendWR{Op: gowarp.OpSend, SGL: sgl}},
 				{"write-imm", gowarp.SendWR{Op: gowarp.OpWriteImm, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag()), Imm: 7}},
 				{"send-imm", gowarp.SendWR{Op: gowarp.OpSendImm, SGL: sgl, Imm: 8}},
+				{"fetch-add", gowarp.SendWR{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: recv, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag()), CompareAdd: 1}},
+				{"cmp-swap", gowarp.SendWR{Op: gowarp.OpCmpSwap, SGL: []gowarp.SGE{{MR: recv, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag()), Swap: 2}},
 			} {
 				for _, signaled := range []bool{true, false} {
 					wr := tc.wr

@@ -3,8 +3,10 @@ package gowarp_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,7 +121,7 @@ func TestExtNotNegotiated(t *testing.T) {
 			}
 			mr, _ := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteWrite)
 			for _, qp := range []*gowarp.QP{p.a, p.b} {
-				for _, op := range []gowarp.WROp{gowarp.OpWriteImm, gowarp.OpSendImm} {
+				for _, op := range []gowarp.WROp{gowarp.OpWriteImm, gowarp.OpSendImm, gowarp.OpFetchAdd, gowarp.OpCmpSwap, gowarp.OpAtomicWrite} {
 					err := qp.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RemoteAddr: mr.Addr(), RKey: uint32(mr.STag())})
 					if !errors.Is(err, gowarp.ErrNotSupported) {
 						t.Fatalf("%v: %v, want ErrNotSupported", op, err)
@@ -168,7 +170,7 @@ func TestNoExtToRawPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.write(1, 0, nil) // the initiator's first FPDU: the responder may now send
-	for _, op := range []gowarp.WROp{gowarp.OpWriteImm, gowarp.OpSendImm} {
+	for _, op := range []gowarp.WROp{gowarp.OpWriteImm, gowarp.OpSendImm, gowarp.OpFetchAdd, gowarp.OpCmpSwap, gowarp.OpAtomicWrite} {
 		if err := qp.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RKey: 5, RemoteAddr: 0}); !errors.Is(err, gowarp.ErrNotSupported) {
 			t.Fatalf("%v: %v", op, err)
 		}
@@ -195,7 +197,8 @@ func TestNoExtToRawPeer(t *testing.T) {
 
 // TestImmWire decodes, with gowarp's own codec (Wireshark and wirecheck
 // know opcodes 0-7 only), what a requester writes for a Write and a Send
-// with immediate data: the Write's FPDUs then Immediate Data on queue 0
+// with immediate data and a CmpSwap (an Atomic Request on queue 1 with
+// both masks set): the Write's FPDUs then Immediate Data on queue 0
 // with the next MSN, the value in the low half of its 8 bytes; the Send
 // as Immediate Data with Solicited Event whose segments each carry the
 // body before their part of the payload.
@@ -240,6 +243,15 @@ func TestImmWire(t *testing.T) {
 	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendImm, Flags: gowarp.Solicited, Imm: 0x55, SGL: []gowarp.SGE{{MR: src, Length: 100 << 10}}})
 	wait(t, p.bcq)
 	wait(t, p.bcq)
+	at, _ := p.reg(t, 8, gowarp.RemoteAtomic)
+	res, _ := p.reg(t, 8, gowarp.LocalWrite)
+	if err := p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpCmpSwap, Flags: gowarp.Signaled, CompareAdd: 3, Swap: 4,
+		SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: at.Addr(), RKey: uint32(at.STag())}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, p.acq); c.Err() != nil || c.Op != gowarp.CompAtomic {
+		t.Fatalf("atomic's completion %+v", c)
+	}
 
 	b := tap.bytes()
 	req, n, err := wire.ParseMPAFrame(b)
@@ -251,7 +263,7 @@ func TestImmWire(t *testing.T) {
 	}
 	b = b[n:]
 	var writeBytes, sendBytes int
-	var imms int
+	var imms, atomics int
 	for len(b) > 0 {
 		f, n, err := wire.ParseFPDU(b, false)
 		if err != nil {
@@ -287,11 +299,184 @@ func TestImmWire(t *testing.T) {
 			if h.Last {
 				imms++
 			}
+		case wire.OpAtomicRequest:
+			ar, k, err := wire.ParseAtomicRequest(rest)
+			want := wire.AtomicRequest{Op: wire.AtomicCmpSwap, ReqID: 1, RemoteSTag: uint32(at.STag()), RemoteTO: at.Addr(),
+				AddSwap: 4, AddSwapMask: ^uint64(0), Compare: 3, CompareMask: ^uint64(0)}
+			if err != nil || k != len(rest) || ar != want || h.QN != wire.QNRead || h.MSN != 1 || !h.Last {
+				t.Fatalf("Atomic Request %+v %+v (%v), want %+v", h, ar, err, want)
+			}
+			atomics++
 		default:
 			t.Fatalf("unexpected %v", h.Opcode)
 		}
 	}
+	if atomics != 1 {
+		t.Fatalf("%d Atomic Requests", atomics)
+	}
 	if imms != 2 || sendBytes != 100<<10 {
 		t.Fatalf("%d Immediate Data messages, %d bytes of Send", imms, sendBytes)
+	}
+}
+
+// TestAtomics: Fetch-and-Add, Compare-and-Swap (matching and not) and
+// Atomic Write on a peer's word, each returning the original value into
+// the requester's 8 bytes; then remote Fetch-and-Adds from two queue
+// pairs racing local AtomicAdds on the same word lose no increment.
+func TestAtomics(t *testing.T) {
+	p := newPair(t, extOpts)
+	target, tbuf := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteAtomic)
+	res, rbuf := p.reg(t, 64, gowarp.LocalWrite)
+	binary.NativeEndian.PutUint64(tbuf[8:], 100)
+	base := target.Addr() + 8
+	post := func(id uint64, op gowarp.WROp, cmpAdd, swap uint64) uint64 {
+		t.Helper()
+		if err := p.a.PostSend(&gowarp.SendWR{ID: id, Op: op, Flags: gowarp.Signaled, CompareAdd: cmpAdd, Swap: swap,
+			SGL: []gowarp.SGE{{MR: res, Offset: 16, Length: 8}}, RemoteAddr: base, RKey: uint32(target.STag())}); err != nil {
+			t.Fatal(err)
+		}
+		c := wait(t, p.acq)
+		if c.Err() != nil || c.ID != id || c.Op != gowarp.CompAtomic {
+			t.Fatalf("%v: completion %+v", op, c)
+		}
+		return binary.NativeEndian.Uint64(rbuf[16:])
+	}
+	word := func() uint64 { v, _ := target.AtomicLoad(8); return v }
+	if got := post(1, gowarp.OpFetchAdd, 5, 0); got != 100 || word() != 105 {
+		t.Fatalf("FetchAdd returned %d, word %d; want 100, 105", got, word())
+	}
+	if got := post(2, gowarp.OpCmpSwap, 7, 1); got != 105 || word() != 105 {
+		t.Fatalf("CmpSwap that does not match returned %d, word %d", got, word())
+	}
+	if got := post(3, gowarp.OpCmpSwap, 105, 42); got != 105 || word() != 42 {
+		t.Fatalf("CmpSwap that matches returned %d, word %d", got, word())
+	}
+	if got := post(4, gowarp.OpAtomicWrite, 0, 1<<40); got != 42 || word() != 1<<40 {
+		t.Fatalf("Atomic Write returned %d, word %d", got, word())
+	}
+	if old, err := target.CompareAndSwap(8, 1<<40, 0); err != nil || old != 1<<40 || word() != 0 {
+		t.Fatalf("local CompareAndSwap: %d, %v", old, err)
+	}
+
+	// Racing on the word: a's atomics (carried out by b's engine), b's
+	// (carried out by a's: both queue pairs share the device and the
+	// region) and a local adder.
+	const n = 300
+	res2, _ := p.reg(t, 8, gowarp.LocalWrite)
+	var wg sync.WaitGroup
+	remote := func(qp *gowarp.QP, cq *gowarp.CQ, r *gowarp.MR) {
+		defer wg.Done()
+		for i := range n {
+			if err := qp.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpFetchAdd, Flags: gowarp.Signaled, CompareAdd: 1,
+				SGL: []gowarp.SGE{{MR: r, Length: 8}}, RemoteAddr: base, RKey: uint32(target.STag())}); err != nil {
+				t.Error(err)
+				return
+			}
+			if c := wait(t, cq); c.Err() != nil {
+				t.Error(c.Err())
+				return
+			}
+		}
+	}
+	wg.Add(3)
+	go remote(p.a, p.acq, res)
+	go remote(p.b, p.bcq, res2)
+	go func() {
+		defer wg.Done()
+		for range n {
+			if _, err := target.AtomicAdd(8, 1); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	if word() != 3*n {
+		t.Fatalf("word %d after %d increments", word(), 3*n)
+	}
+}
+
+// TestAtomicErrors: a misshapen atomic fails at the post; one the peer
+// refuses (unknown STag, no remote-atomic right) completes with a remote
+// access error at the requester, whose queue pair then says which
+// Terminate the responder sent.
+func TestAtomicErrors(t *testing.T) {
+	p := newPair(t, extOpts)
+	target, _ := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteAtomic)
+	res, _ := p.reg(t, 64, gowarp.LocalWrite)
+	for _, wr := range []gowarp.SendWR{
+		{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: target.Addr() + 4, RKey: uint32(target.STag())},
+		{Op: gowarp.OpCmpSwap, SGL: []gowarp.SGE{{MR: res, Length: 4}}, RemoteAddr: target.Addr(), RKey: uint32(target.STag())},
+		{Op: gowarp.OpAtomicWrite, RemoteAddr: target.Addr(), RKey: uint32(target.STag())},
+	} {
+		if err := p.a.PostSend(&wr); !errors.Is(err, gowarp.ErrBadAtomic) {
+			t.Errorf("%+v: %v, want ErrBadAtomic", wr, err)
+		}
+	}
+	if _, err := target.AtomicAdd(3, 1); !errors.Is(err, gowarp.ErrBadAtomic) {
+		t.Errorf("local AtomicAdd at offset 3: %v", err)
+	}
+	if _, err := target.AtomicAdd(60, 1); !errors.Is(err, gowarp.ErrBadAtomic) {
+		t.Errorf("local AtomicAdd past the end: %v", err)
+	}
+
+	for _, tt := range []struct {
+		name string
+		acc  gowarp.Access
+		rkey func(mr *gowarp.MR) uint32
+		want *wire.TermError
+	}{
+		{"unknown STag", gowarp.RemoteAtomic, func(*gowarp.MR) uint32 { return 0x00ffff00 }, wire.ErrRDMAPInvalidSTag},
+		{"no remote-atomic right", gowarp.RemoteWrite | gowarp.RemoteRead, func(mr *gowarp.MR) uint32 { return uint32(mr.STag()) }, wire.ErrRDMAPAccessRights},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPair(t, extOpts)
+			target, _ := p.reg(t, 64, tt.acc)
+			res, _ := p.reg(t, 8, gowarp.LocalWrite)
+			if err := p.a.PostSend(&gowarp.SendWR{ID: 7, Op: gowarp.OpFetchAdd, Flags: gowarp.Signaled, CompareAdd: 1,
+				SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: target.Addr(), RKey: tt.rkey(target)}); err != nil {
+				t.Fatal(err)
+			}
+			c := wait(t, p.acq)
+			if c.ID != 7 || !errors.Is(c.Err(), gowarp.RemoteAccessError) {
+				t.Fatalf("completion %+v, want a remote access error", c)
+			}
+			waitState(t, p.a, gowarp.StateError)
+			if err := p.a.Err(); !errors.Is(err, gowarp.ErrPeerTerminated) || !errors.Is(err, tt.want) {
+				t.Fatalf("requester's Err %v, want the peer's %v", err, tt.want)
+			}
+			if err := p.b.Err(); !errors.Is(err, gowarp.ErrTerminated) || !errors.Is(err, tt.want) {
+				t.Fatalf("responder's Err %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+// BenchmarkAtomicLat is one 8-byte RDMA Read, Fetch-and-Add or
+// Compare-and-Swap at a time, waited for on the requester's CQ: ns/op is
+// the round trip of each (read_lat's measure, for atomics).
+func BenchmarkAtomicLat(b *testing.B) {
+	for _, op := range []gowarp.WROp{gowarp.OpRead, gowarp.OpFetchAdd, gowarp.OpCmpSwap} {
+		b.Run(op.String(), func(b *testing.B) {
+			p := newPair(b, extOpts)
+			target, _ := p.reg(b, 8, gowarp.RemoteRead|gowarp.RemoteAtomic)
+			res, _ := p.reg(b, 8, gowarp.LocalWrite)
+			wr := gowarp.SendWR{Op: op, Flags: gowarp.Signaled, CompareAdd: 1, SGL: []gowarp.SGE{{MR: res, Length: 8}},
+				RemoteAddr: target.Addr(), RKey: uint32(target.STag())}
+			ctx := context.Background()
+			var wc [1]gowarp.Completion
+			b.ResetTimer()
+			for range b.N {
+				if err := p.a.PostSend(&wr); err != nil {
+					b.Fatal(err)
+				}
+				for p.acq.Poll(wc[:]) == 0 {
+					p.acq.Wait(ctx)
+				}
+				if wc[0].Status != gowarp.Success {
+					b.Fatal(wc[0].Err())
+				}
+			}
+		})
 	}
 }

@@ -53,10 +53,13 @@ var (
 	// ErrZeroORD: an RDMA Read posted on a connection whose ORD is 0
 	// (NoReads asked for, or the peer's IRD is 0).
 	ErrZeroORD = engine.ErrZeroORD
-	// ErrNotSupported: an RFC 7306 operation (immediate data) posted on
+	// ErrNotSupported: an RFC 7306 operation (immediate data, atomics) posted on
 	// a connection whose peer did not negotiate the extensions
 	// (ConnectOptions.Extensions), or prepared before it was connected.
 	ErrNotSupported = engine.ErrNotSupported
+	// ErrBadAtomic: an atomic work request without exactly one 8-byte
+	// SGE, or with a remote address that is not 8-byte aligned.
+	ErrBadAtomic = engine.ErrBadAtomic
 	// ErrTooLong: a work request's SGEs add up to 4 GiB or more, more
 	// than one RDMAP message can carry.
 	ErrTooLong = engine.ErrTooLong

@@ -2,6 +2,7 @@ package gowarp
 
 import (
 	"context"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/gowarp/gowarp/internal/mem"
@@ -85,6 +86,55 @@ const (
 	RemoteRead                          // peers may RDMA Read it
 	RemoteWrite                         // peers may RDMA Write it
 	RemoteInvalidate                    // a peer's Send with Invalidate may kill its STag
+	RemoteAtomic                        // peers may run atomic operations on it (RFC 7306)
 )
 
 func (a Access) String() string { return mem.Access(a).String() }
+
+// AtomicAdd adds delta to the 8-byte word at offset off of the region (a
+// uint64 in the machine's byte order, 8-byte aligned in memory) and
+// returns its original value. It is atomic against peers' atomic
+// operations on the same word (OpFetchAdd, OpCmpSwap, OpAtomicWrite) and
+// other local ones; not against RDMA Writes.
+func (mr *MR) AtomicAdd(off int, delta uint64) (uint64, error) {
+	w, err := mr.word(off)
+	if err != nil {
+		return 0, err
+	}
+	return atomic.AddUint64(w, delta) - delta, nil
+}
+
+// CompareAndSwap replaces the 8-byte word at offset off by new if it
+// equals old, atomically as AtomicAdd, and returns its original value.
+func (mr *MR) CompareAndSwap(off int, old, new uint64) (uint64, error) {
+	w, err := mr.word(off)
+	if err != nil {
+		return 0, err
+	}
+	for {
+		cur := atomic.LoadUint64(w)
+		if cur != old || atomic.CompareAndSwapUint64(w, old, new) {
+			return cur, nil
+		}
+	}
+}
+
+// AtomicLoad returns the 8-byte word at offset off, read atomically.
+func (mr *MR) AtomicLoad(off int) (uint64, error) {
+	w, err := mr.word(off)
+	if err != nil {
+		return 0, err
+	}
+	return atomic.LoadUint64(w), nil
+}
+
+func (mr *MR) word(off int) (*uint64, error) {
+	if off < 0 {
+		return nil, ErrBadAtomic
+	}
+	w := mr.r.Word(uint64(off))
+	if w == nil {
+		return nil, ErrBadAtomic
+	}
+	return w, nil
+}

@@ -44,6 +44,22 @@ const (
 	// receive completes with its bytes, WithImm and Imm. Only toward a
 	// peer that negotiated RFC 7306's extensions, as OpWriteImm.
 	OpSendImm
+	// OpFetchAdd adds CompareAdd to the 8 bytes at RemoteAddr (8-byte
+	// aligned, in a region registered with RemoteAtomic) and returns
+	// their original value into the one 8-byte SGE; OpCmpSwap replaces
+	// them by Swap if they equal CompareAdd, returning the original too;
+	// OpAtomicWrite replaces them by Swap (IBTA's 8-byte Atomic Write,
+	// carried as an RFC 7306 CmpSwap whose comparison always holds),
+	// returning the original value as well. The word is a uint64 in the
+	// machine's byte order; the operations are atomic against each other
+	// and against MR.AtomicAdd and MR.CompareAndSwap at the target, not
+	// against RDMA Writes. They complete (CompAtomic) when the peer's
+	// response has placed the value, and count against ORD like Reads.
+	// RFC 7306 Atomic Operations: only toward a peer that negotiated
+	// them, else ErrNotSupported; a misshapen one fails with ErrBadAtomic.
+	OpFetchAdd
+	OpCmpSwap
+	OpAtomicWrite
 )
 
 func (o WROp) String() string { return engine.WROp(o).String() }
@@ -78,6 +94,10 @@ type SendWR struct {
 	InvalidateSTag uint32
 	// Imm is the immediate data of OpWriteImm and OpSendImm.
 	Imm uint32
+	// CompareAdd is the addend of OpFetchAdd and the comparand of
+	// OpCmpSwap; Swap the new value of OpCmpSwap and OpAtomicWrite.
+	CompareAdd uint64
+	Swap       uint64
 }
 
 // RecvWR is a receive-queue work request: where a peer's Send lands.
@@ -119,6 +139,7 @@ const (
 	CompRead
 	CompRecv
 	CompFlush // a flush (QP.PostFlush)
+	CompAtomic
 )
 
 func (o CompletionOp) String() string { return engine.CompletionOp(o).String() }

@@ -69,7 +69,7 @@ func fingerprint(wr *SendWR) uint64 {
 // same reports whether wr has exactly the shape s holds.
 func (s *shape) same(wr *SendWR) bool {
 	if s.wr.Op != wr.Op || s.wr.Flags != wr.Flags&^Signaled || s.wr.RKey != wr.RKey ||
-		s.wr.RemoteAddr != wr.RemoteAddr || s.wr.InvalidateSTag != wr.InvalidateSTag || s.wr.Imm != wr.Imm || s.nsge != len(wr.SGL) {
+		s.wr.RemoteAddr != wr.RemoteAddr || s.wr.InvalidateSTag != wr.InvalidateSTag || s.wr.Imm != wr.Imm || s.wr.CompareAdd != wr.CompareAdd || s.wr.Swap != wr.Swap || s.nsge != len(wr.SGL) {
 		return false
 	}
 	for i := range wr.SGL {
@@ -88,13 +88,17 @@ func checkShape(wr *SendWR) (int, error) {
 	}
 	switch wr.Op {
 	case OpSend, OpSendInv, OpWrite, OpRead, OpWriteImm, OpSendImm:
+	case OpFetchAdd, OpCmpSwap, OpAtomicWrite:
+		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 || wr.RemoteAddr%8 != 0 {
+			return 0, ErrBadAtomic
+		}
 	default:
 		return 0, ErrBadOp
 	}
 	// Summed in 64 bits: an int of 32 bits would wrap before 4 GiB.
 	var total uint64
 	for i := range wr.SGL {
-		if err := checkLocal(&wr.SGL[i], wr.Op == OpRead); err != nil {
+		if err := checkLocal(&wr.SGL[i], wr.Op.waits()); err != nil {
 			return 0, err
 		}
 		total += uint64(wr.SGL[i].Length)
@@ -213,7 +217,7 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 	}
 	for i := range n {
 		e, err := q.sqSlotLocked()
-		if err == nil && p.s.wr.Op == OpRead && len(q.orq) == 0 {
+		if err == nil && p.s.wr.Op.waits() && len(q.orq) == 0 {
 			err = ErrZeroORD
 		}
 		if err == nil && p.s.wr.Op.ext() && !q.params.Ext {
@@ -236,8 +240,9 @@ func (p *Prepared) PostN(id uint64, n int, signaled bool) (int, error) {
 			e.wr.Flags |= Signaled
 		}
 		e.wr.RKey, e.wr.RemoteAddr, e.wr.InvalidateSTag, e.wr.Imm = p.s.wr.RKey, p.s.wr.RemoteAddr, p.s.wr.InvalidateSTag, p.s.wr.Imm
+		e.wr.CompareAdd, e.wr.Swap = p.s.wr.CompareAdd, p.s.wr.Swap
 		e.length, e.tmpl = p.s.length, p.s.tmpl
-		if e.wr.Op == OpRead {
+		if e.wr.Op.waits() {
 			e.readsLeft = max(1, p.s.nsge)
 		}
 		q.sqTail++

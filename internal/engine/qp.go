@@ -82,6 +82,7 @@ var (
 	ErrBadState       = errors.New("gowarp: queue pair is in the wrong state for this call")
 	ErrBadConfig      = errors.New("gowarp: invalid queue pair configuration")
 	ErrZeroORD        = errors.New("gowarp: RDMA Read on a connection whose ORD is 0")
+	ErrBadAtomic      = errors.New("gowarp: an atomic operation takes one 8-byte SGE and an 8-byte aligned remote address")
 	ErrNotSupported   = errors.New("gowarp: operation not supported by the peer (RFC 7306 extensions not negotiated)")
 )
 
@@ -157,6 +158,7 @@ type orqEntry struct {
 	sinkSTag uint32
 	sinkTO   uint64
 	placed   int
+	atomic   bool // an Atomic Request, answered by an Atomic Response
 }
 
 // irqEntry is one inbound Read Request waiting to be answered.
@@ -167,6 +169,10 @@ type irqEntry struct {
 	sinkSTag uint32
 	sinkTO   uint64
 	sent     int
+	// An Atomic Request, carried out: its response's identifier and value.
+	atomic bool
+	reqID  uint32
+	orig   uint64
 }
 
 // QP is a reliable-connected queue pair.
@@ -371,7 +377,7 @@ func (q *QP) postSendLocked(wr *SendWR) error {
 	if err != nil {
 		return err
 	}
-	if wr.Op == OpRead && len(q.orq) == 0 {
+	if wr.Op.waits() && len(q.orq) == 0 {
 		return ErrZeroORD
 	}
 	if wr.Op.ext() && !q.params.Ext {
@@ -383,7 +389,7 @@ func (q *QP) postSendLocked(wr *SendWR) error {
 		return err
 	}
 	e.nsge = copy(e.sges[:], wr.SGL)
-	if wr.Op == OpRead {
+	if wr.Op.waits() {
 		e.readsLeft = max(1, e.nsge)
 	}
 	q.sqTail++

@@ -35,7 +35,7 @@ const (
 	directMin = 2048
 	// maxHead is the longest DDP/RDMAP header plus body the parser needs
 	// at once: an untagged header and a Read Request body.
-	maxHead = wire.UntaggedHeaderLen + wire.ReadRequestLen
+	maxHead = wire.UntaggedHeaderLen + max(wire.ReadRequestLen, wire.AtomicRequestLen)
 	// inlineResponse is the largest Read Response the receive goroutine
 	// transmits itself (saving a wake-up of the transmit goroutine).
 	inlineResponse = 64 << 10
@@ -103,7 +103,7 @@ type rxState struct {
 	flush   *wire.Flush
 	flushV  wire.Flush
 
-	msn [3]uint32 // next expected MSN per queue number
+	msn [4]uint32 // next expected MSN per queue number
 
 	// The receive being filled by a Send: a copy of the WQE (a flush may
 	// clear the ring entry meanwhile), its index in the ring, progress and
@@ -115,6 +115,8 @@ type rxState struct {
 	recvMSN    uint32
 	recvStatus Status
 	imm        uint64 // the Immediate Data of the message under way
+	ar         wire.AtomicRequest
+	aresp      wire.AtomicResponse
 }
 
 func (r *rxState) init(q *QP) {
@@ -123,7 +125,7 @@ func (r *rxState) init(q *QP) {
 	r.put, r.get = r.putStaging, r.getStaging
 	r.iov = make([][]byte, 0, 2*MaxSGE+2)
 	r.dst = make([][]byte, 0, 2*MaxSGE)
-	r.msn = [3]uint32{1, 1, 1}
+	r.msn = [4]uint32{1, 1, 1, 1}
 }
 
 // fault is an error the receive path found in peer input: the Terminate
@@ -391,6 +393,15 @@ func (r *rxState) header() error {
 			return newFault(wire.ErrDDPTooLong, "Read Request with %d bytes after its body", payload)
 		}
 		r.rr, r.src, err = r.readRequest(&h)
+	case wire.OpAtomicRequest, wire.OpAtomicResponse:
+		if payload > 0 {
+			return newFault(wire.ErrDDPTooLong, "%v with %d bytes after its body", h.Opcode, payload)
+		}
+		if h.Opcode == wire.OpAtomicRequest {
+			r.src, err = r.atomicRequest(&h)
+		} else {
+			err = r.atomicResponse(&h)
+		}
 	default: // the Sends, and Immediate Data
 		if info.Extra == wire.ImmediateLen {
 			r.imm, _, _ = wire.ParseImmediate(r.head[n:])
@@ -454,6 +465,12 @@ func (r *rxState) complete() error {
 			src = nil
 		}
 		r.queueRead(&r.rr, src)
+	case wire.OpAtomicRequest:
+		src := r.src
+		r.src = nil
+		r.runAtomic(src)
+	case wire.OpAtomicResponse:
+		r.atomicPlaced()
 	default:
 		if err := r.sendPlaced(&r.h, r.payload); err != nil {
 			return err
@@ -576,6 +593,8 @@ func (r *rxState) response(h *wire.Header, n int) error {
 	}
 	o := &q.orq[q.orqHead%uint64(len(q.orq))]
 	switch {
+	case o.atomic:
+		return newFault(wire.ErrRDMAPOpcode, "Read Response where an Atomic Response is due")
 	case h.STag != o.sinkSTag:
 		return newFault(wire.ErrDDPInvalidSTag, "Read Response to STag %#08x, expected %#08x", h.STag, o.sinkSTag)
 	case h.TO != o.sinkTO+uint64(o.placed) || o.placed+n > o.sge.Length:

@@ -47,6 +47,7 @@ func FuzzCore(f *testing.F) {
 		e.response(0, true, pattern(64, 6)),
 		append(e.write(ph(0), coreBase, pattern(8, 7)), e.imm(wire.OpImmediate, 1, 0, true, 9, nil)...),
 		append(e.imm(wire.OpImmediateSE, 1, 0, false, 3, pattern(30, 8)), e.imm(wire.OpImmediateSE, 1, 30, true, 3, pattern(9, 9))...),
+		e.atomic(1, wire.AtomicRequest{Op: wire.AtomicCmpSwap, ReqID: 1, RemoteSTag: uint32(ph(6)), RemoteTO: coreBase + 8, AddSwap: 1, AddSwapMask: ^uint64(0)}),
 	)
 	// Flushes (wire/flush.go): of a range, of the whole region, and a
 	// persistence flush of memory, which is refused.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -80,7 +81,9 @@ type coreEnv struct {
 	// remote read (a Read Response the receive path hands to the
 	// transmit goroutine); local: local write only (receives, Read sinks).
 	rw, ro, wo, other, big, local *mem.Region
-	all                           []*mem.Region
+	// at: remote atomic, read and write.
+	at  *mem.Region
+	all []*mem.Region
 	// inv is registered afresh for every feeding, as a Send with
 	// Invalidate kills it.
 	inv  *mem.Region
@@ -109,6 +112,7 @@ func newCoreEnv(t testing.TB) *coreEnv {
 	e.other = reg(2, 4096, mem.RemoteWrite|mem.RemoteRead)
 	e.big = reg(1, 128<<10, mem.RemoteRead)
 	e.local = reg(1, 4096, mem.LocalWrite)
+	e.at = reg(1, 4096, mem.RemoteAtomic|mem.RemoteRead|mem.RemoteWrite|mem.LocalWrite)
 	return e
 }
 
@@ -200,6 +204,13 @@ func (e *coreEnv) imm(op wire.Opcode, msn, mo uint32, last bool, v uint64, paylo
 	h := chdr(op)
 	h.MSN, h.MO, h.Last = msn, mo, last
 	return e.fpdu(h, wire.AppendImmediate(nil, v), payload)
+}
+
+// atomic is an Atomic Request.
+func (e *coreEnv) atomic(msn uint32, ar wire.AtomicRequest) []byte {
+	h := chdr(wire.OpAtomicRequest)
+	h.MSN = msn
+	return e.fpdu(h, ar.Append(nil), nil)
 }
 
 func (e *coreEnv) readReq(msn uint32, rr wire.ReadRequest) []byte {
@@ -528,6 +539,70 @@ func validCoreCases() []coreCase {
 			}
 			wantComps(t, x)
 		}},
+		{name: "atomic requests", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
+			var b []byte
+			at, word := uint32(e.at.STag()), func(off int) uint64 { return binary.NativeEndian.Uint64(e.fill[off:]) }
+			b = append(b, e.readReq(1, wire.ReadRequest{SinkSTag: 0x99, Size: 8, SourceSTag: at, SourceTO: coreBase + 8})...)
+			b = append(b, e.atomic(2, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 2, RemoteSTag: at, RemoteTO: coreBase + 8, AddSwap: 5})...)
+			b = append(b, e.atomic(3, wire.AtomicRequest{Op: wire.AtomicCmpSwap, ReqID: 3, RemoteSTag: at, RemoteTO: coreBase + 8,
+				AddSwap: 77, AddSwapMask: ^uint64(0), Compare: word(8) + 5, CompareMask: ^uint64(0)})...)
+			b = append(b, e.atomic(4, wire.AtomicRequest{Op: wire.AtomicCmpSwap, ReqID: 4, RemoteSTag: at, RemoteTO: coreBase + 16,
+				AddSwap: 1, AddSwapMask: ^uint64(0), Compare: word(16) + 1, CompareMask: ^uint64(0)})...) // no match
+			b = append(b, e.atomic(5, wire.AtomicRequest{Op: wire.AtomicCmpSwap, ReqID: 5, RemoteSTag: at, RemoteTO: coreBase + 24,
+				AddSwap: 0x1234, AddSwapMask: ^uint64(0)})...) // Atomic Write: compare mask 0
+			b = append(b, e.atomic(6, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 6, RemoteSTag: at, RemoteTO: coreBase + 32,
+				AddSwap: 0x0000_0001_ffff_ffff, AddSwapMask: 1 << 31})...) // two 32-bit fields
+			return b
+		}, check: func(t testing.TB, e *coreEnv, x *coreEffects) {
+			word := func(off int) uint64 { return binary.NativeEndian.Uint64(e.fill[off:]) }
+			hs, ps := x.outFPDUs(t, e.crc)
+			if len(hs) != 6 || hs[0].Opcode != wire.OpReadResponse || !bytes.Equal(ps[0], e.fill[8:16]) {
+				t.Fatalf("wrote %+v, want the Read Response first", hs)
+			}
+			w32 := word(32)
+			want := []uint64{word(8), word(8) + 5, word(16), word(24), w32}
+			for i, h := range hs[1:] {
+				r, _, err := wire.ParseAtomicResponse(ps[i+1])
+				if h.Opcode != wire.OpAtomicResponse || h.QN != wire.QNAtomicResponse || h.MSN != uint32(i+1) || !h.Last ||
+					err != nil || r.ReqID != uint32(i+2) || r.Original != want[i] || len(ps[i+1]) != wire.AtomicResponseLen {
+					t.Errorf("response %d: %+v %+v (%v), want original %#x", i, h, r, err, want[i])
+				}
+			}
+			m := e.at.Bytes()
+			lo, hi := uint32(w32)+0xffffffff, uint32(w32>>32)+1 // no carry between the fields
+			for off, v := range map[int]uint64{8: 77, 16: word(16), 24: 0x1234, 32: uint64(hi)<<32 | uint64(lo)} {
+				if got := binary.NativeEndian.Uint64(m[off:]); got != v {
+					t.Errorf("word at %d = %#x, want %#x", off, got, v)
+				}
+			}
+			wantComps(t, x)
+		}},
+		{name: "atomic responses", ext: true, setup: func(t testing.TB, e *coreEnv) {
+			e.read(t, 10, 0, 8)
+			for i, op := range []WROp{OpFetchAdd, OpCmpSwap, OpAtomicWrite} {
+				wr := SendWR{ID: uint64(20 + i), Op: op, Flags: Signaled, RKey: 0x77, RemoteAddr: 0x5000,
+					SGL: []SGE{{MR: e.local, Offset: 8 * (i + 1), Length: 8}}}
+				if err := e.q.PostSend(&wr); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, stream: func(e *coreEnv) []byte {
+			b := e.response(0, true, r1[:8])
+			for i := range 3 {
+				h := chdr(wire.OpAtomicResponse)
+				h.MSN = uint32(i + 1)
+				b = append(b, e.fpdu(h, (&wire.AtomicResponse{ReqID: uint32(i + 2), Original: 0xa0 + uint64(i)}).Append(nil), nil)...)
+			}
+			return b
+		}, check: func(t testing.TB, e *coreEnv, x *coreEffects) {
+			wantComps(t, x, Completion{ID: 10, Op: CompRead, Bytes: 8},
+				Completion{ID: 20, Op: CompAtomic, Bytes: 8}, Completion{ID: 21, Op: CompAtomic, Bytes: 8}, Completion{ID: 22, Op: CompAtomic, Bytes: 8})
+			for i := range 3 {
+				if got := binary.NativeEndian.Uint64(e.local.Bytes()[8*(i+1):]); got != 0xa0+uint64(i) {
+					t.Errorf("result %d = %#x", i, got)
+				}
+			}
+		}},
 		{name: "read responses", setup: func(t testing.TB, e *coreEnv) {
 			e.read(t, 10, 0, 1000)
 			e.read(t, 11, 1000, 2100)
@@ -664,11 +739,35 @@ func hostileCoreCases() []coreCase {
 			want: wire.ErrDDPCatastrophic},
 		{name: "Immediate Data on the Read queue", ext: true, setup: recv64, stream: raw(wire.OpImmediate, func(h *wire.Header) { h.MSN, h.QN = 1, 1 }, make([]byte, 8)),
 			want: wire.ErrDDPInvalidQN, echo: true},
-		{name: "Atomic Request negotiated, not carried out", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
-			h := chdr(wire.OpAtomicRequest)
-			h.MSN = 1
-			return e.fpdu(h, (&wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.rw.STag()), RemoteTO: coreBase, AddSwap: 1}).Append(nil), nil)
+		{name: "atomic to an unaligned address", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
+			return e.atomic(1, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.at.STag()), RemoteTO: coreBase + 4, AddSwap: 1})
+		}, want: wire.ErrRDMAPBaseBounds, echo: true},
+		{name: "atomic to unknown STag", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
+			return e.atomic(1, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: 0x00ffff00, RemoteTO: coreBase, AddSwap: 1})
+		}, want: wire.ErrRDMAPInvalidSTag, echo: true},
+		{name: "atomic without the right", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
+			return e.atomic(1, wire.AtomicRequest{Op: wire.AtomicCmpSwap, ReqID: 1, RemoteSTag: uint32(e.rw.STag()), RemoteTO: coreBase, AddSwap: 1})
+		}, want: wire.ErrRDMAPAccessRights, echo: true},
+		{name: "atomic past the region", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
+			return e.atomic(1, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.at.STag()), RemoteTO: coreBase + 4092, AddSwap: 1})
+		}, want: wire.ErrRDMAPBaseBounds, echo: true},
+		{name: "atomic with an unknown operation", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
+			return e.atomic(1, wire.AtomicRequest{Op: 7, ReqID: 1, RemoteSTag: uint32(e.at.STag()), RemoteTO: coreBase})
 		}, want: wire.ErrRDMAPOpcode},
+		{name: "atomic beyond IRD", ext: true, stream: func(e *coreEnv) []byte {
+			return e.atomic(1, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.at.STag()), RemoteTO: coreBase})
+		}, want: wire.ErrRDMAPStream, echo: true},
+		{name: "atomic with wrong MSN", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
+			return e.atomic(2, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 1, RemoteSTag: uint32(e.at.STag()), RemoteTO: coreBase})
+		}, want: wire.ErrDDPInvalidMSN, echo: true},
+		{name: "Atomic Response with none outstanding", ext: true, stream: raw(wire.OpAtomicResponse, func(h *wire.Header) { h.MSN = 1 },
+			(&wire.AtomicResponse{ReqID: 1, Original: 5}).Append(nil)), want: wire.ErrRDMAPOpcode},
+		{name: "Read Response where an Atomic Response is due", ext: true, setup: func(t testing.TB, e *coreEnv) {
+			wr := SendWR{ID: 20, Op: OpFetchAdd, Flags: Signaled, RKey: 0x77, RemoteAddr: 0x5000, SGL: []SGE{{MR: e.local, Length: 8}}}
+			if err := e.q.PostSend(&wr); err != nil {
+				t.Fatal(err)
+			}
+		}, stream: func(e *coreEnv) []byte { return e.response(0, true, junk) }, want: wire.ErrRDMAPOpcode},
 		{name: "Atomic Response not negotiated", stream: raw(wire.OpAtomicResponse, func(h *wire.Header) { h.MSN = 1 },
 			(&wire.AtomicResponse{ReqID: 1, Original: 5}).Append(nil)), want: wire.ErrRDMAPOpcode},
 		{name: "tagged Send", stream: raw(wire.OpWrite, func(h *wire.Header) { h.Opcode = wire.OpSend }, nil), want: wire.ErrRDMAPOpcode},

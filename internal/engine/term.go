@@ -220,6 +220,8 @@ func echoes(e *sqEntry, h *wire.Header, rr *wire.ReadRequest) bool {
 	switch e.wr.Op {
 	case OpWrite:
 		return h.Opcode == wire.OpWrite && h.STag == e.wr.RKey && h.TO >= e.wr.RemoteAddr && h.TO <= e.wr.RemoteAddr+uint64(e.length)
+	case OpFetchAdd, OpCmpSwap, OpAtomicWrite:
+		return h.Opcode == wire.OpAtomicRequest && h.MSN == e.msn
 	case OpWriteImm: // its Write or its Immediate Data
 		return h.Opcode == wire.OpWrite && h.STag == e.wr.RKey && h.TO >= e.wr.RemoteAddr && h.TO <= e.wr.RemoteAddr+uint64(e.length) ||
 			h.Opcode.Info().Send && h.MSN == e.msn

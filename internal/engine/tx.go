@@ -80,7 +80,7 @@ type txState struct {
 	readIdx int  // Reads: next SGE to request
 	immDue  bool // a Write with immediate data: the Write is framed, the Immediate Data not yet
 
-	msn      [3]uint32 // last MSN sent per queue number
+	msn      [4]uint32 // last MSN sent per queue number
 	burst    int
 	rtrSent  bool
 	fStart   int  // arena offset of the FPDU being built
@@ -364,7 +364,7 @@ func (q *QP) markSentLocked() {
 	}
 	for q.sqDone < q.sqTx {
 		e := &q.sq[q.sqDone%uint64(len(q.sq))]
-		if e.wr.Op != OpRead && e.wr.Op != OpFlush {
+		if !e.wr.Op.waits() {
 			if !e.framed || e.endOff > limit {
 				break
 			}
@@ -790,6 +790,8 @@ func (t *txState) frameSQ() bool {
 		return t.frameWriteImm(e, sges)
 	case OpSendImm:
 		return t.frameSendImm(e, sges)
+	case OpFetchAdd, OpCmpSwap, OpAtomicWrite:
+		return t.frameAtomic(e, sges)
 	case OpWrite:
 		for t.room() {
 			n := t.fit(t.cut(t.maxTagged, e.length, t.off), e.length-t.off, wire.TaggedHeaderLen, t.off == 0)
@@ -891,6 +893,10 @@ func (t *txState) finish(e *sqEntry) {
 func (t *txState) frameReadResponse() {
 	q := t.q
 	r := &q.irq[q.irqHead%uint64(len(q.irq))]
+	if r.atomic {
+		t.frameAtomicResponse(r)
+		return
+	}
 	n := t.fit(t.cut(t.maxTagged, r.size, r.sent), r.size-r.sent, wire.TaggedHeaderLen, r.sent == 0)
 	h := header(wire.OpReadResponse)
 	h.Last = r.sent+n == r.size

@@ -80,3 +80,46 @@ func (t *txState) frameSendImm(e *sqEntry, sges []SGE) bool {
 	}
 	return true
 }
+
+// frameAtomic frames an Atomic Request (RFC 7306 §5.2.1) on the Read
+// queue: it takes an ORQ slot and a Read Request MSN, so ORD counts it,
+// and its Request Identifier is that MSN. An Atomic Write is a CmpSwap
+// whose Compare Mask is 0: the comparison always holds.
+func (t *txState) frameAtomic(e *sqEntry, sges []SGE) bool {
+	q := t.q
+	if q.orqTail-q.orqHead == uint64(len(q.orq)) {
+		return false // ORD reached: the send queue waits for a response
+	}
+	q.orq[q.orqTail%uint64(len(q.orq))] = orqEntry{sq: e, sge: sges[0], atomic: true}
+	q.orqTail++
+	t.msn[wire.QNRead]++
+	e.msn = t.msn[wire.QNRead]
+	ar := wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: e.msn, RemoteSTag: e.wr.RKey, RemoteTO: e.wr.RemoteAddr,
+		AddSwap: e.wr.CompareAdd}
+	switch e.wr.Op {
+	case OpCmpSwap:
+		ar.Op, ar.AddSwap, ar.AddSwapMask, ar.Compare, ar.CompareMask = wire.AtomicCmpSwap, e.wr.Swap, ^uint64(0), e.wr.CompareAdd, ^uint64(0)
+	case OpAtomicWrite:
+		ar.Op, ar.AddSwap, ar.AddSwapMask = wire.AtomicCmpSwap, e.wr.Swap, ^uint64(0)
+	}
+	h := header(wire.OpAtomicRequest)
+	h.Last, h.MSN = true, e.msn
+	t.begin(&h, ar.Append, 0)
+	t.end(0)
+	t.finish(e)
+	return true
+}
+
+// frameAtomicResponse frames the Atomic Response of the IRQ's head: it
+// leaves in order with the Read Responses queued before it.
+func (t *txState) frameAtomicResponse(r *irqEntry) {
+	q := t.q
+	t.msn[wire.QNAtomicResponse]++
+	resp := wire.AtomicResponse{ReqID: r.reqID, Original: r.orig}
+	h := header(wire.OpAtomicResponse)
+	h.Last, h.MSN = true, t.msn[wire.QNAtomicResponse]
+	t.begin(&h, resp.Append, 0)
+	t.end(0)
+	*r = irqEntry{}
+	q.irqHead++
+}

@@ -21,7 +21,18 @@ const (
 	// RFC 7306's, toward a peer that negotiated them (Params.Ext).
 	OpWriteImm // RDMA Write, then Immediate Data: the peer's receive completes
 	OpSendImm  // Send carrying Immediate Data
+	// Atomics: one 8-byte local SGE receives the original value.
+	OpFetchAdd    // add CompareAdd to the remote word
+	OpCmpSwap     // replace the remote word by Swap if it equals CompareAdd
+	OpAtomicWrite // replace the remote word by Swap (a masked CmpSwap that always matches)
 )
+
+// atomic reports whether o is an atomic operation.
+func (o WROp) atomic() bool { return o >= OpFetchAdd && o <= OpAtomicWrite }
+
+// waits reports whether o completes on the peer's response (Reads,
+// atomics) rather than once sent.
+func (o WROp) waits() bool { return o == OpRead || o == OpFlush || o.atomic() }
 
 // ext reports whether o needs RFC 7306's extensions.
 func (o WROp) ext() bool { return o >= OpWriteImm }
@@ -42,6 +53,12 @@ func (o WROp) String() string {
 		return "write-imm"
 	case OpSendImm:
 		return "send-imm"
+	case OpFetchAdd:
+		return "fetch-add"
+	case OpCmpSwap:
+		return "cmp-swap"
+	case OpAtomicWrite:
+		return "atomic-write"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -78,6 +95,8 @@ type SendWR struct {
 	RKey           uint32
 	InvalidateSTag uint32
 	Imm            uint32
+	CompareAdd     uint64
+	Swap           uint64
 }
 
 // RecvWR is a receive-queue work request: where a peer's Send lands.
@@ -133,6 +152,7 @@ const (
 	CompRead
 	CompRecv
 	CompFlush
+	CompAtomic
 )
 
 func (o CompletionOp) String() string {
@@ -147,6 +167,8 @@ func (o CompletionOp) String() string {
 		return "recv"
 	case CompFlush:
 		return "flush"
+	case CompAtomic:
+		return "atomic"
 	}
 	return fmt.Sprintf("compop(%d)", uint8(o))
 }
@@ -184,6 +206,8 @@ func compOp(o WROp) CompletionOp {
 		return CompRead
 	case OpFlush:
 		return CompFlush
+	case OpFetchAdd, OpCmpSwap, OpAtomicWrite:
+		return CompAtomic
 	}
 	return CompSend
 }

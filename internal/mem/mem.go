@@ -35,6 +35,8 @@ const (
 	// RemoteInvalidate lets a peer invalidate the region's STag with a
 	// Send with Invalidate.
 	RemoteInvalidate
+	// RemoteAtomic lets peers run RFC 7306 atomic operations on it.
+	RemoteAtomic
 )
 
 func (a Access) String() string {
@@ -42,7 +44,7 @@ func (a Access) String() string {
 		return "none"
 	}
 	s := ""
-	for i, n := range []string{"local-write", "remote-read", "remote-write", "remote-invalidate"} {
+	for i, n := range []string{"local-write", "remote-read", "remote-write", "remote-invalidate", "remote-atomic"} {
 		if a&(1<<i) != 0 {
 			if s != "" {
 				s += "|"
@@ -408,7 +410,7 @@ const indexDraws = 64
 
 // Register makes bufs a region of protection domain pd.
 func (t *Table) Register(pd uint32, bufs [][]byte, access Access, o Options) (*Region, error) {
-	if access&^(LocalWrite|RemoteRead|RemoteWrite|RemoteInvalidate) != 0 {
+	if access&^(LocalWrite|RemoteRead|RemoteWrite|RemoteInvalidate|RemoteAtomic) != 0 {
 		return nil, fmt.Errorf("%w: %#x", ErrBadAccess, uint8(access))
 	}
 	r := &Region{pd: pd, access: access, table: t}

@@ -1,0 +1,24 @@
+package mem
+
+import "unsafe"
+
+// Word returns the 8 bytes at offset off of the region as a *uint64 for
+// sync/atomic, or nil when they are not 8-aligned in memory or lie across
+// two of the region's buffers. Remote atomics (RFC 7306) and local ones
+// (MR.AtomicAdd, MR.CompareAndSwap) go through it, so they are atomic
+// against each other.
+func (r *Region) Word(off uint64) *uint64 {
+	if off+8 < off || off+8 > r.length {
+		return nil
+	}
+	var one [1][]byte
+	s := r.Slices(one[:0], off, 8)
+	if len(s) != 1 || len(s[0]) != 8 {
+		return nil
+	}
+	p := unsafe.Pointer(unsafe.SliceData(s[0]))
+	if uintptr(p)%8 != 0 {
+		return nil
+	}
+	return (*uint64)(p)
+}
