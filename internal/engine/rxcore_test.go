@@ -542,7 +542,10 @@ func validCoreCases() []coreCase {
 		{name: "atomic requests", ext: true, ird: 4, stream: func(e *coreEnv) []byte {
 			var b []byte
 			at, word := uint32(e.at.STag()), func(off int) uint64 { return binary.NativeEndian.Uint64(e.fill[off:]) }
-			b = append(b, e.readReq(1, wire.ReadRequest{SinkSTag: 0x99, Size: 8, SourceSTag: at, SourceTO: coreBase + 8})...)
+			// A Read of a word no atomic touches: a Read Response's bytes
+			// are read when it is written, which may be after the atomics
+			// behind it ran (a requester fences to see the word before).
+			b = append(b, e.readReq(1, wire.ReadRequest{SinkSTag: 0x99, Size: 8, SourceSTag: at, SourceTO: coreBase + 40})...)
 			b = append(b, e.atomic(2, wire.AtomicRequest{Op: wire.AtomicFetchAdd, ReqID: 2, RemoteSTag: at, RemoteTO: coreBase + 8, AddSwap: 5})...)
 			b = append(b, e.atomic(3, wire.AtomicRequest{Op: wire.AtomicCmpSwap, ReqID: 3, RemoteSTag: at, RemoteTO: coreBase + 8,
 				AddSwap: 77, AddSwapMask: ^uint64(0), Compare: word(8) + 5, CompareMask: ^uint64(0)})...)
@@ -556,7 +559,7 @@ func validCoreCases() []coreCase {
 		}, check: func(t testing.TB, e *coreEnv, x *coreEffects) {
 			word := func(off int) uint64 { return binary.NativeEndian.Uint64(e.fill[off:]) }
 			hs, ps := x.outFPDUs(t, e.crc)
-			if len(hs) != 6 || hs[0].Opcode != wire.OpReadResponse || !bytes.Equal(ps[0], e.fill[8:16]) {
+			if len(hs) != 6 || hs[0].Opcode != wire.OpReadResponse || !bytes.Equal(ps[0], e.fill[40:48]) {
 				t.Fatalf("wrote %+v, want the Read Response first", hs)
 			}
 			w32 := word(32)
