@@ -480,3 +480,62 @@ func BenchmarkAtomicLat(b *testing.B) {
 		})
 	}
 }
+
+// TestAtomicsUnderSnapshot: atomics change memory as Writes do, so a
+// snapshot taken before them must not see them: a peer's FetchAdd on the
+// target, the original value it lands in the requester's buffer, and a
+// local AtomicAdd and CompareAndSwap (all went through read holds and
+// wrote the shared page itself).
+func TestAtomicsUnderSnapshot(t *testing.T) {
+	p := newPair(t, extOpts)
+	target, tbuf := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteAtomic)
+	res, rbuf := p.reg(t, 64, gowarp.LocalWrite)
+	binary.NativeEndian.PutUint64(tbuf[8:], 100)
+	binary.NativeEndian.PutUint64(rbuf[16:], 7)
+	ctx := context.Background()
+	ts, err := target.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ts.Close()
+	rs, err := res.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpFetchAdd, Flags: gowarp.Signaled, CompareAdd: 5,
+		SGL: []gowarp.SGE{{MR: res, Offset: 16, Length: 8}}, RemoteAddr: target.Addr() + 8, RKey: uint32(target.STag())}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, p.acq); c.Err() != nil {
+		t.Fatalf("FetchAdd: %+v", c)
+	}
+	if _, err := target.AtomicAdd(8, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := target.CompareAndSwap(16, 0, 9); err != nil {
+		t.Fatal(err)
+	}
+	word := func(s *gowarp.Snapshot, off int64) uint64 {
+		var b [8]byte
+		if _, err := s.ReadAt(b[:], off); err != nil {
+			t.Fatal(err)
+		}
+		return binary.NativeEndian.Uint64(b[:])
+	}
+	if v, _ := target.AtomicLoad(8); v != 106 {
+		t.Errorf("target word %d, want 106", v)
+	}
+	if got := binary.NativeEndian.Uint64(rbuf[16:]); got != 100 {
+		t.Errorf("FetchAdd's result %d, want 100", got)
+	}
+	if v := word(ts, 8); v != 100 {
+		t.Errorf("snapshot of the target: word %d, want 100 (the atomics came after it)", v)
+	}
+	if v := word(ts, 16); v != 0 {
+		t.Errorf("snapshot of the target: CompareAndSwap's word %d, want 0", v)
+	}
+	if v := word(rs, 16); v != 7 {
+		t.Errorf("snapshot of the result buffer: %d, want 7 (the result landed after it)", v)
+	}
+}

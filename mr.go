@@ -97,20 +97,22 @@ func (a Access) String() string { return mem.Access(a).String() }
 // operations on the same word (OpFetchAdd, OpCmpSwap, OpAtomicWrite) and
 // other local ones; not against RDMA Writes.
 func (mr *MR) AtomicAdd(off int, delta uint64) (uint64, error) {
-	w, err := mr.word(off)
+	w, err := mr.holdWord(off)
 	if err != nil {
 		return 0, err
 	}
+	defer mr.r.UnholdWrite()
 	return atomic.AddUint64(w, delta) - delta, nil
 }
 
 // CompareAndSwap replaces the 8-byte word at offset off by new if it
 // equals old, atomically as AtomicAdd, and returns its original value.
 func (mr *MR) CompareAndSwap(off int, old, new uint64) (uint64, error) {
-	w, err := mr.word(off)
+	w, err := mr.holdWord(off)
 	if err != nil {
 		return 0, err
 	}
+	defer mr.r.UnholdWrite()
 	for {
 		cur := atomic.LoadUint64(w)
 		if cur != old || atomic.CompareAndSwapUint64(w, old, new) {
@@ -126,6 +128,20 @@ func (mr *MR) AtomicLoad(off int) (uint64, error) {
 		return 0, err
 	}
 	return atomic.LoadUint64(w), nil
+}
+
+// holdWord is word for an operation that may change it: under a write
+// hold, ended with UnholdWrite, its page copied first for the snapshots
+// that share it, so that a snapshot sees the operation wholly or not at
+// all, as it does a WriteAt.
+func (mr *MR) holdWord(off int) (*uint64, error) {
+	if _, err := mr.word(off); err != nil {
+		return nil, err
+	}
+	if !mr.r.TryHoldWrite() {
+		return nil, ErrRegionInvalid
+	}
+	return mr.r.WriteWord(uint64(off)), nil
 }
 
 func (mr *MR) word(off int) (*uint64, error) {

@@ -39,17 +39,19 @@ func (r *rxState) atomicRequest(h *wire.Header) (*mem.Region, error) {
 	if !ar.Op.Valid() {
 		return nil, newFault(wire.ErrRDMAPOpcode, "Atomic Request with %v", ar.Op)
 	}
-	region, why := q.cfg.Table.LookupHold(mem.STag(ar.RemoteSTag))
+	// A write hold: the operation may change the word, and a snapshot
+	// must see it wholly or not at all (see mem.Region.WriteWord).
+	region, why := q.cfg.Table.LookupHoldWrite(mem.STag(ar.RemoteSTag))
 	if why == mem.OK {
 		if why = region.CheckRemote(q.cfg.PD, mem.RemoteAtomic, ar.RemoteTO, 8); why != mem.OK {
-			region.Unhold()
+			region.UnholdWrite()
 		}
 	}
 	if why != mem.OK {
 		return nil, newFault(rdmapError(why), "%v on STag %#08x TO %#x", ar.Op, ar.RemoteSTag, ar.RemoteTO)
 	}
 	if ar.RemoteTO%8 != 0 || region.Word(ar.RemoteTO-region.Addr()) == nil {
-		region.Unhold()
+		region.UnholdWrite()
 		return nil, newFault(wire.ErrRDMAPBaseBounds, "%v on STag %#08x at TO %#x, not 8-byte aligned", ar.Op, ar.RemoteSTag, ar.RemoteTO)
 	}
 	return region, nil
@@ -62,7 +64,7 @@ func (r *rxState) atomicRequest(h *wire.Header) (*mem.Region, error) {
 func (r *rxState) runAtomic(region *mem.Region) {
 	q := r.q
 	ar := &r.ar
-	w := region.Word(ar.RemoteTO - region.Addr())
+	w := region.WriteWord(ar.RemoteTO - region.Addr())
 	var orig uint64
 	for {
 		orig = atomic.LoadUint64(w)
@@ -79,7 +81,7 @@ func (r *rxState) runAtomic(region *mem.Region) {
 			break
 		}
 	}
-	region.Unhold()
+	region.UnholdWrite()
 	r.msn[wire.QNRead]++
 	q.mu.Lock()
 	if s := q.State(); s != StateReady && s != StateClosing {
@@ -150,12 +152,12 @@ func (r *rxState) atomicPlaced() {
 	o := &q.orq[q.orqHead%uint64(len(q.orq))]
 	// The atomic pins its buffer; a flush drops the pin, so the write
 	// holds it too (as a Read Response's placement does).
-	if !o.sge.MR.TryHold() {
+	if !o.sge.MR.TryHoldWrite() {
 		q.mu.Unlock()
 		return
 	}
 	var one [1][]byte
-	if d := o.sge.MR.Slices(one[:0], uint64(o.sge.Offset), 8); len(d) == 1 {
+	if d := o.sge.MR.WriteSlices(one[:0], uint64(o.sge.Offset), 8); len(d) == 1 {
 		binary.NativeEndian.PutUint64(d[0], r.aresp.Original)
 	} else {
 		var b [8]byte
@@ -166,7 +168,7 @@ func (r *rxState) atomicPlaced() {
 		}
 	}
 	o.sge.MR.AddPlaced(8)
-	o.sge.MR.Unhold()
+	o.sge.MR.UnholdWrite()
 	e := o.sq
 	*o = orqEntry{}
 	q.orqHead++

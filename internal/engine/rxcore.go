@@ -74,6 +74,7 @@ type rxState struct {
 	first   bool   // the peer's first FPDU
 	region  *mem.Region
 	src     *mem.Region // a Read Request's source, held
+	atom    *mem.Region // an Atomic Request's target, write-held
 	rr      wire.ReadRequest
 	err     error  // why the core stopped (phase rxDead)
 	fpdus   uint64 // FPDUs received whole
@@ -261,6 +262,10 @@ func (r *rxState) release() {
 		r.src.Unhold()
 		r.src = nil
 	}
+	if r.atom != nil {
+		r.atom.UnholdWrite()
+		r.atom = nil
+	}
 	r.sync.drop()
 	r.region = nil
 	clear(r.dst)
@@ -398,7 +403,7 @@ func (r *rxState) header() error {
 			return newFault(wire.ErrDDPTooLong, "%v with %d bytes after its body", h.Opcode, payload)
 		}
 		if h.Opcode == wire.OpAtomicRequest {
-			r.src, err = r.atomicRequest(&h)
+			r.atom, err = r.atomicRequest(&h)
 		} else {
 			err = r.atomicResponse(&h)
 		}
@@ -466,9 +471,9 @@ func (r *rxState) complete() error {
 		}
 		r.queueRead(&r.rr, src)
 	case wire.OpAtomicRequest:
-		src := r.src
-		r.src = nil
-		r.runAtomic(src)
+		a := r.atom
+		r.atom = nil
+		r.runAtomic(a)
 	case wire.OpAtomicResponse:
 		r.atomicPlaced()
 	default:

@@ -22,3 +22,17 @@ func (r *Region) Word(off uint64) *uint64 {
 	}
 	return (*uint64)(p)
 }
+
+// WriteWord is Word for an atomic that may change the word, under a
+// write hold (TryHoldWrite): the word's page is copied first for the
+// snapshots that still share it, as WriteSlices does, so that no snapshot
+// sees an atomic that came after it.
+func (r *Region) WriteWord(off uint64) *uint64 {
+	if off+8 < off || off+8 > r.length {
+		return nil
+	}
+	if r.wuse.Load()&wCOW != 0 {
+		r.unshare(off, 8)
+	}
+	return r.Word(off)
+}
