@@ -256,3 +256,30 @@ func statusFor(e *wire.TermError) Status {
 	}
 	return FatalError
 }
+
+// closeAfterTerm closes the connection once its Terminate is written. A
+// peer may still be sending (the rest of the Write that broke the rules):
+// a socket closed with bytes unread sends a reset, and the peer's write
+// then fails with EPIPE before its receive path reads the Terminate, so
+// the peer learned "connection lost", not why. So the connection is
+// half-closed (a FIN after the Terminate) and what comes is read and
+// dropped until the peer closes too, or termTimeout passes.
+func (q *QP) closeAfterTerm() {
+	c := q.link.Conn()
+	cw, ok := c.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil || c.SetReadDeadline(time.Now().Add(termTimeout)) != nil {
+		q.link.Close()
+		return
+	}
+	q.wg.Add(1)
+	go func() {
+		defer q.wg.Done()
+		var buf [4096]byte
+		for {
+			if _, err := c.Read(buf[:]); err != nil {
+				break
+			}
+		}
+		q.link.Close()
+	}()
+}

@@ -236,7 +236,7 @@ func (q *QP) transmit(block bool) {
 				t.drop()
 				q.releaseTxLocked()
 				q.mu.Unlock()
-				q.link.Close()
+				q.closeAfterTerm()
 				q.termOver()
 				return
 			}
