@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrCQOverrun means completions were lost because the queue was full. The
@@ -18,6 +19,9 @@ type CQ struct {
 	ring    []Completion
 	head, n int
 	overrun bool
+	// ready is n > 0 || overrun, written under mu: an inline receiver
+	// looks at it after every FPDU (nonEmpty), without the lock.
+	ready atomic.Bool
 	// notify holds a token while completions may be waiting, so one
 	// waiter wakes per burst without a goroutine or allocation per entry.
 	notify chan struct{}
@@ -84,6 +88,7 @@ func (cq *CQ) push(c *Completion, fromRx bool) bool {
 	if cq.n == len(cq.ring) {
 		first := !cq.overrun
 		cq.overrun = true
+		cq.ready.Store(true)
 		w := cq.inline
 		cq.mu.Unlock()
 		if first && cq.events != nil {
@@ -100,6 +105,7 @@ func (cq *CQ) push(c *Completion, fromRx bool) bool {
 	}
 	cq.ring[i] = *c
 	cq.n++
+	cq.ready.Store(true)
 	w := cq.inline
 	cq.mu.Unlock()
 	if w != nil && !fromRx {
@@ -127,6 +133,9 @@ func (cq *CQ) Poll(out []Completion) int {
 	}
 	cq.n -= k
 	left := cq.n
+	if left == 0 && !cq.overrun {
+		cq.ready.Store(false)
+	}
 	cq.mu.Unlock()
 	if left > 0 {
 		// Pass the wake-up on to another waiter.
@@ -181,11 +190,9 @@ func (cq *CQ) Wait(ctx context.Context) error {
 	}
 }
 
-func (cq *CQ) nonEmpty() bool {
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.n > 0 || cq.overrun
-}
+// nonEmpty reports whether completions wait or the queue overran. An
+// inline receiver calls it after every FPDU, so it takes no lock.
+func (cq *CQ) nonEmpty() bool { return cq.ready.Load() }
 
 // Notify returns a channel that receives a token when completions arrive,
 // for use in a select. Drain with Poll after each token.

@@ -68,11 +68,11 @@ type rxState struct {
 	ulen    int // ULPDU length of the current FPDU
 	hdrLen  int // DDP/RDMAP header length (of a Terminate)
 	h       wire.Header
-	payload int    // its payload length
-	left    int    // payload bytes still to place
-	sum     uint32 // running CRC
-	first   bool   // the peer's first FPDU
-	region  *mem.Region
+	payload int         // its payload length
+	left    int         // payload bytes still to place
+	sum     uint32      // running CRC
+	first   bool        // the peer's first FPDU
+	region  *mem.Region // a Write's target, for this FPDU (durablePlaced)
 	src     *mem.Region // a Read Request's source, held
 	atom    *mem.Region // an Atomic Request's target, write-held
 	rr      wire.ReadRequest
@@ -103,6 +103,18 @@ type rxState struct {
 	sync    pendingSync
 	flush   *wire.Flush
 	flushV  wire.Flush
+
+	// wr is the target of the RDMA Write under way, from its first FPDU
+	// until its last or until an FPDU that is not a Write to the same
+	// STag: the FPDUs of one message (45 of a 64 KiB Write on a 1500-byte
+	// MTU link) take one lookup of the STag table between them. It is not
+	// held between FPDUs: each FPDU takes its hold (held) and is judged
+	// again (see tagged). wrPlaced counts the bytes placed in wr and not
+	// yet added to its Placed count: they are added when the staged bytes
+	// run out, when the Write ends and when the core stops, not after
+	// every FPDU.
+	wr       *mem.Region
+	wrPlaced int
 
 	msn [4]uint32 // next expected MSN per queue number
 
@@ -240,6 +252,9 @@ func (r *rxState) advance(n int) error {
 		r.phase, r.err = rxDead, err
 		return err
 	}
+	if !r.paused {
+		r.addPlaced() // the staged bytes ran out: once per read
+	}
 	return nil
 }
 
@@ -258,6 +273,7 @@ func (r *rxState) release() {
 		r.phase, r.err = rxDead, net.ErrClosed
 	}
 	r.unhold()
+	r.endWrite()
 	if r.src != nil {
 		r.src.Unhold()
 		r.src = nil
@@ -382,13 +398,16 @@ func (r *rxState) header() error {
 	r.first = !q.peerUp.Load()
 
 	// Find where the payload goes; every check happens before a byte
-	// lands, and after the memory is held (r.held).
+	// lands, and after the memory is held (r.held, r.wr).
 	r.dst = r.dst[:0]
 	r.region, r.src, r.durable, r.flush = nil, nil, false, nil
+	if r.wr != nil && (h.Opcode != wire.OpWrite || h.STag != uint32(r.wr.STag())) {
+		r.endWrite()
+	}
 	switch h.Opcode {
 	case wire.OpWrite:
 		if payload > 0 {
-			r.region, err = r.tagged(&h, payload)
+			err = r.tagged(&h, payload)
 		}
 	case wire.OpReadResponse:
 		err = r.response(&h, payload)
@@ -451,13 +470,16 @@ func (r *rxState) complete() error {
 			return err
 		}
 	}
-	if r.region != nil {
-		r.region.AddPlaced(r.payload)
-		r.region = nil
-	}
+	r.region = nil
 	r.unhold()
 	switch r.h.Opcode {
 	case wire.OpWrite:
+		if r.wr != nil {
+			r.wrPlaced += r.payload
+			if r.h.Last {
+				r.endWrite()
+			}
+		}
 	case wire.OpReadResponse:
 		r.responsePlaced(&r.h, r.payload)
 	case wire.OpReadRequest:
@@ -537,24 +559,49 @@ func (r *rxState) unhold() {
 
 // tagged resolves an RDMA Write's target: the STag, this connection's
 // protection domain, the remote-write right and the bounds. The region is
-// held before it is judged, so it cannot be deregistered in between.
-func (r *rxState) tagged(h *wire.Header, n int) (*mem.Region, error) {
+// held for writing before it is judged, so it cannot be deregistered (nor
+// snapshotted) in between. The Write's next FPDUs to the same STag skip
+// the table's lookup (r.wr) but not the rest: each takes its own hold,
+// which fails once Deregister has begun, and is judged again.
+func (r *rxState) tagged(h *wire.Header, n int) error {
 	q := r.q
-	region, why := q.cfg.Table.LookupHoldWrite(mem.STag(h.STag))
-	if why == mem.OK {
-		if why = region.CheckRemote(q.cfg.PD, mem.RemoteWrite, h.TO, uint64(n)); why != mem.OK {
-			region.UnholdWrite()
+	region := r.wr // header forgot any other
+	if region == nil {
+		var why mem.Reason
+		if region, why = q.cfg.Table.LookupHoldWrite(mem.STag(h.STag)); why != mem.OK {
+			return newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
 		}
-	}
-	if why != mem.OK {
-		return nil, newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
+		r.wr = region
+	} else if !region.TryHoldWrite() {
+		return newFault(wire.ErrDDPInvalidSTag, "Write of %d bytes to STag %#08x TO %#x, deregistered", n, h.STag, h.TO)
 	}
 	r.hold(region)
+	if why := region.CheckRemote(q.cfg.PD, mem.RemoteWrite, h.TO, uint64(n)); why != mem.OK {
+		return newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
+	}
 	if sem, _ := region.Semantics(mem.STag(h.STag).Key()); sem == mem.Durable {
 		r.durable = true
 	}
+	r.region = region // this FPDU's (durablePlaced)
 	r.dst = region.WriteSlices(r.dst, h.TO-region.Addr(), uint64(n))
-	return region, nil
+	return nil
+}
+
+// addPlaced adds the bytes placed in the Write's target to its Placed
+// count.
+func (r *rxState) addPlaced() {
+	if r.wrPlaced > 0 {
+		r.wr.AddPlaced(r.wrPlaced)
+		r.wrPlaced = 0
+	}
+}
+
+// endWrite forgets the Write's target, its placed bytes counted.
+func (r *rxState) endWrite() {
+	if r.wr != nil {
+		r.addPlaced()
+		r.wr = nil
+	}
 }
 
 // ddpTaggedError turns a refused tagged placement into its DDP error
