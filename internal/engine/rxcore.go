@@ -244,6 +244,7 @@ func (r *rxState) advance(n int) error {
 		r.w += n
 	}
 	clear(r.iov)
+	r.iov = r.iov[:0]
 	if r.phase == rxDead {
 		return r.err
 	}
@@ -353,18 +354,23 @@ func (r *rxState) header() error {
 	if q.State() == StateError {
 		return net.ErrClosed // failed meanwhile: place nothing more
 	}
-	ulen := int(binary.BigEndian.Uint16(r.buf[r.r:]))
+	b := r.buf[r.r:r.w]
+	ulen := int(binary.BigEndian.Uint16(b))
 	hlen := min(ulen, maxHead)
-	if r.w-r.r < 2+hlen {
+	if len(b) < 2+hlen {
 		return nil
 	}
 	r.ulen, r.hlen = ulen, hlen
-	copy(r.head[:], r.buf[r.r+2:r.r+2+hlen])
-	h, n, err := wire.ParseHeader(r.head[:r.hlen])
-	if err != nil {
+	copy(r.head[:], b[2:2+hlen]) // kept for a Terminate's echo
+	// Parsed in place into r.h: the header of the FPDU under way from here.
+	var n int
+	var err error
+	if r.h, n, err = wire.ParseHeader(b[2 : 2+hlen]); err != nil {
 		return newFault(wire.ErrDDPCatastrophic, "ULPDU of %d bytes is shorter than its header", r.ulen)
 	}
-	if err := checkHeader(&h); err != nil {
+	h := &r.h
+	info := &wire.Ops[h.Opcode&0xf]
+	if err := checkHeader(h, info); err != nil {
 		return err
 	}
 	if r.sync.region != nil && h.Opcode != wire.OpWrite {
@@ -374,7 +380,6 @@ func (r *rxState) header() error {
 			return err
 		}
 	}
-	info := h.Opcode.Info()
 	if info.Ext && !r.extOK(h.Opcode) {
 		// Never taken from a peer that did not negotiate it (ext.go).
 		return newFault(wire.ErrRDMAPOpcode, "%v, an extension not negotiated", h.Opcode)
@@ -407,35 +412,35 @@ func (r *rxState) header() error {
 	switch h.Opcode {
 	case wire.OpWrite:
 		if payload > 0 {
-			err = r.tagged(&h, payload)
+			err = r.tagged(h, payload)
 		}
 	case wire.OpReadResponse:
-		err = r.response(&h, payload)
+		err = r.response(h, payload)
 	case wire.OpReadRequest:
 		if payload > 0 {
 			// It carries none; placing one would have no destination.
 			return newFault(wire.ErrDDPTooLong, "Read Request with %d bytes after its body", payload)
 		}
-		r.rr, r.src, err = r.readRequest(&h)
+		r.rr, r.src, err = r.readRequest(h)
 	case wire.OpAtomicRequest, wire.OpAtomicResponse:
 		if payload > 0 {
 			return newFault(wire.ErrDDPTooLong, "%v with %d bytes after its body", h.Opcode, payload)
 		}
 		if h.Opcode == wire.OpAtomicRequest {
-			r.atom, err = r.atomicRequest(&h)
+			r.atom, err = r.atomicRequest(h)
 		} else {
-			err = r.atomicResponse(&h)
+			err = r.atomicResponse(h)
 		}
 	default: // the Sends, and Immediate Data
 		if info.Extra == wire.ImmediateLen {
 			r.imm, _, _ = wire.ParseImmediate(r.head[n:])
 		}
-		err = r.send(&h, payload)
+		err = r.send(h, payload)
 	}
 	if err != nil {
 		return err
 	}
-	r.h, r.payload, r.left, r.di = h, payload, payload, 0
+	r.payload, r.left, r.di = payload, payload, 0
 	r.r += 2 + n + info.Extra
 	r.phase = rxPayload
 	return nil
@@ -515,7 +520,7 @@ func (r *rxState) complete() error {
 // checkHeader applies the checks that come before the opcode's own: DDP
 // and RDMAP versions, a known opcode in the right buffer model, and the
 // queue number (RFC 5041 §7, RFC 5040 §7).
-func checkHeader(h *wire.Header) error {
+func checkHeader(h *wire.Header, info *wire.OpInfo) error {
 	switch {
 	case h.DDPVersion != wire.DDPVersion && h.Tagged:
 		return newFault(wire.ErrDDPTaggedVersion, "DDP version %d", h.DDPVersion)
@@ -524,7 +529,6 @@ func checkHeader(h *wire.Header) error {
 	case h.RDMAPVersion != wire.RDMAPVersion:
 		return newFault(wire.ErrRDMAPVersion, "RDMAP version %d", h.RDMAPVersion)
 	}
-	info := h.Opcode.Info()
 	switch {
 	case !info.Valid:
 		return newFault(wire.ErrRDMAPOpcode, "%v", h.Opcode)

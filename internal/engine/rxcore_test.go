@@ -192,6 +192,13 @@ func (e *coreEnv) write(stag mem.STag, to uint64, payload []byte) []byte {
 	return e.fpdu(h, nil, payload)
 }
 
+// writeSeg is one segment of a Write, the last or not.
+func (e *coreEnv) writeSeg(stag mem.STag, to uint64, last bool, payload []byte) []byte {
+	h := chdr(wire.OpWrite)
+	h.STag, h.TO, h.Last = uint32(stag), to, last
+	return e.fpdu(h, nil, payload)
+}
+
 // send is one segment of a Send of the given opcode.
 func (e *coreEnv) send(op wire.Opcode, msn, mo uint32, last bool, payload []byte) []byte {
 	h := chdr(op)
@@ -451,6 +458,30 @@ func validCoreCases() []coreCase {
 			}
 			wantComps(t, x)
 		}},
+		{name: "writes in segments", stream: func(e *coreEnv) []byte {
+			// A Write in three FPDUs, another to a second region begun
+			// before its last, a zero-length segment, then its end: each
+			// FPDU is judged, and Placed counts every one.
+			var b []byte
+			b = append(b, e.writeSeg(e.rw.STag(), coreBase+100, false, w2[:1000])...)
+			b = append(b, e.writeSeg(e.rw.STag(), coreBase+1100, false, w2[1000:2500])...)
+			b = append(b, e.writeSeg(e.wo.STag(), coreBase+50, false, w1)...)
+			b = append(b, e.writeSeg(e.rw.STag(), coreBase+2600, true, w2[2500:])...)
+			b = append(b, e.writeSeg(e.wo.STag(), coreBase+58, false, nil)...)
+			b = append(b, e.writeSeg(e.wo.STag(), coreBase+58, true, w1)...)
+			return b
+		}, check: func(t testing.TB, e *coreEnv, x *coreEffects) {
+			wantMem(t, e.rw, 100, w2)
+			wantMem(t, e.wo, 50, w1)
+			wantMem(t, e.wo, 58, w1)
+			if x.placed[0] != 2600 || x.placed[2] != 16 || x.fpdus != 6 {
+				t.Errorf("placed %d and %d in %d FPDUs, want 2600 and 16 in 6", x.placed[0], x.placed[2], x.fpdus)
+			}
+			if e.rw.InUse() || e.wo.InUse() {
+				t.Error("a region is still held")
+			}
+			wantComps(t, x)
+		}},
 		{name: "sends of every kind", setup: func(t testing.TB, e *coreEnv) {
 			e.recv(t, 1, 16)
 			e.recv(t, 2, 100, 1000, 1500) // three SGEs
@@ -674,6 +705,15 @@ func hostileCoreCases() []coreCase {
 		{name: "write before the region", stream: w(func(e *coreEnv) (mem.STag, uint64) { return e.rw.STag(), coreBase - 1 }), want: wire.ErrDDPBaseBounds, echo: true},
 		{name: "write without the right", stream: w(func(e *coreEnv) (mem.STag, uint64) { return e.ro.STag(), coreBase }), want: wire.ErrDDPInvalidSTag, echo: true},
 		{name: "write to another PD", stream: w(func(e *coreEnv) (mem.STag, uint64) { return e.other.STag(), coreBase }), want: wire.ErrDDPSTagNotAssoc, echo: true},
+		{name: "write segment past the region", stream: func(e *coreEnv) []byte {
+			// Its first segment fits; the second, to the same STag, does not.
+			return append(e.writeSeg(e.rw.STag(), coreBase+3500, false, make([]byte, 500)),
+				e.writeSeg(e.rw.STag(), coreBase+4000, true, make([]byte, 200))...)
+		}, want: wire.ErrDDPBaseBounds, echo: true},
+		{name: "write segment to another PD", stream: func(e *coreEnv) []byte {
+			return append(e.writeSeg(e.rw.STag(), coreBase+3500, false, make([]byte, 100)),
+				e.writeSeg(e.other.STag(), coreBase+3600, true, make([]byte, 100))...)
+		}, want: wire.ErrDDPSTagNotAssoc, echo: true},
 		{name: "write with TO wrap", stream: w(func(e *coreEnv) (mem.STag, uint64) { return e.rw.STag(), ^uint64(0) - 2 }), want: wire.ErrDDPTOWrap, echo: true},
 		{name: "read from unknown STag", ird: 4, stream: rd(func(e *coreEnv) wire.ReadRequest {
 			return wire.ReadRequest{SinkSTag: 7, Size: 8, SourceSTag: 0x00ffff00}
@@ -973,6 +1013,42 @@ func checkTerminate(t testing.TB, c *coreCase, x *coreEffects, crc bool, in []by
 		t.Errorf("receive 100 did not complete, want status %v", want)
 	case recv != nil && recv.Status != want:
 		t.Errorf("receive completed %+v, want status %v", *recv, want)
+	}
+}
+
+// TestCoreDeregisterMidWrite: the FPDUs of one Write look the STag up
+// once, but each takes its own hold and is judged again. A Deregister
+// between two FPDUs holds nothing up, and the next FPDU is refused with
+// nothing of it placed.
+func TestCoreDeregisterMidWrite(t *testing.T) {
+	e := newCoreEnv(t)
+	e.reset(t, false, 4)
+	dst, err := e.table.Register(1, [][]byte{make([]byte, 4096)}, mem.RemoteWrite, mem.Options{Addr: coreBase})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := e.writeSeg(dst.STag(), coreBase, false, pattern(1000, 1))
+	second := e.writeSeg(dst.STag(), coreBase+1000, true, pattern(1000, 2))
+	r := &e.q.rx
+	if err := feedCore(t, r, first, nil); err != nil {
+		t.Fatal(err)
+	}
+	if dst.InUse() {
+		t.Fatal("the region is held between two FPDUs")
+	}
+	if err := dst.Deregister(); err != nil {
+		t.Fatalf("Deregister: %v", err)
+	}
+	err = feedCore(t, r, second, nil)
+	var f *fault
+	if !errors.As(err, &f) || f.term != wire.ErrDDPInvalidSTag {
+		t.Fatalf("the core said %v, want %v", err, wire.ErrDDPInvalidSTag)
+	}
+	if dst.Placed() != 1000 {
+		t.Errorf("placed %d bytes, want 1000", dst.Placed())
+	}
+	if !bytes.Equal(dst.Bytes()[1000:2000], make([]byte, 1000)) {
+		t.Error("the FPDU after Deregister was placed")
 	}
 }
 
