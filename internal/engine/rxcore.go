@@ -71,6 +71,7 @@ type rxState struct {
 	payload int         // its payload length
 	left    int         // payload bytes still to place
 	sum     uint32      // running CRC
+	summed  bool        // sum covers the whole FPDU already (header)
 	first   bool        // the peer's first FPDU
 	region  *mem.Region // a Write's target, for this FPDU (durablePlaced)
 	src     *mem.Region // a Read Request's source, held
@@ -232,7 +233,7 @@ func (r *rxState) advance(n int) error {
 				continue
 			}
 			c := min(k, len(d))
-			if r.crc {
+			if r.crc && !r.summed {
 				r.sum = wire.UpdateCRC32c(r.sum, d[:c])
 			}
 			r.dst[r.di] = d[c:]
@@ -320,7 +321,10 @@ func (r *rxState) run() error {
 				return nil
 			}
 			if r.crc {
-				crc := wire.UpdateCRC32c(r.sum, r.buf[r.r:r.r+pad])
+				crc := r.sum
+				if !r.summed {
+					crc = wire.UpdateCRC32c(crc, r.buf[r.r:r.r+pad])
+				}
 				if got := binary.LittleEndian.Uint32(r.buf[r.r+pad:]); got != crc {
 					return newFault(wire.ErrMPACRC, "CRC %#08x, computed %#08x", got, crc)
 				}
@@ -396,9 +400,15 @@ func (r *rxState) header() error {
 		return nil
 	}
 	payload := r.ulen - n - info.Extra
-	r.sum = 0
+	r.sum, r.summed = 0, false
 	if r.crc {
-		r.sum = wire.UpdateCRC32c(0, r.buf[r.r:r.r+2+n+info.Extra])
+		if total := wire.FPDULen(ulen); len(b) >= total {
+			// All of it is staged, as segment-sized FPDUs mostly are:
+			// one pass over it, checked at the trailer all the same.
+			r.sum, r.summed = wire.UpdateCRC32c(0, b[:total-wire.CRCLen]), true
+		} else {
+			r.sum = wire.UpdateCRC32c(0, b[:2+n+info.Extra])
+		}
 	}
 	r.first = !q.peerUp.Load()
 
@@ -458,7 +468,7 @@ func (r *rxState) placeStaged() {
 			continue
 		}
 		c := copy(d, r.buf[r.r:r.w])
-		if r.crc {
+		if r.crc && !r.summed {
 			r.sum = wire.UpdateCRC32c(r.sum, d[:c])
 		}
 		r.dst[r.di] = d[c:]
