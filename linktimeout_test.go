@@ -64,15 +64,25 @@ func waitFatal(t testing.TB, dev *gowarp.Device, qps ...*gowarp.QP) {
 	for _, qp := range qps {
 		want[qp] = true
 	}
+	start := time.Now()
 	bound := time.After(failBound)
 	for len(want) > 0 {
 		select {
 		case e := <-dev.Events():
-			if e.Type != gowarp.EventQPFatal || !want[e.QP] {
+			if !want[e.QP] {
+				continue
+			}
+			if e.Type != gowarp.EventQPFatal {
+				if e.Type == gowarp.EventPeerClosed {
+					// Nothing can cross the dead link: say at once what
+					// ended the queue pair, rather than wait out failBound.
+					delete(want, e.QP)
+					t.Errorf("queue pair ended with %v (%v) %v after the cut, want EventQPFatal with ErrLinkTimeout", e.Type, e.Err, time.Since(start).Round(time.Millisecond))
+				}
 				continue
 			}
 			delete(want, e.QP)
-			t.Logf("failed: %v", e.Err)
+			t.Logf("failed %v after the wait began: %v", time.Since(start).Round(time.Millisecond), e.Err)
 			if !errors.Is(e.Err, gowarp.ErrLinkTimeout) || !errors.Is(e.Err, gowarp.ErrLinkLost) {
 				t.Errorf("fatal event's error %v, want one matching ErrLinkTimeout and ErrLinkLost", e.Err)
 			}
