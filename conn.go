@@ -165,8 +165,13 @@ const NoReads = -1
 
 // Connect connects an idle queue pair to a listening peer at addr
 // (host:port): TCP, then MPA, then the QP is ready. A Close while it is
-// under way makes it fail with ErrClosed.
+// under way makes it fail with ErrClosed. When the device's topology has
+// a direct link to addr's IP, the queue pair is placed on that adapter
+// and dials from it (see Device.Place and QP.Adapter).
 func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
+	if a, ap := qp.placement(addr); a != nil {
+		return qp.connectVia(ctx, a, ap, o) // adapter.go
+	}
 	return connErr(qp.q.Connect(ctx, addr, engine.ConnectOptions(o)))
 }
 
@@ -281,7 +286,12 @@ func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }
 
 // Accept accepts the request on qp, an idle queue pair, sending the reply.
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
-	return connErr(qp.q.Accept(ctx, r.r, engine.ConnectOptions(o)))
+	local := r.r.Conn().LocalAddr()
+	err := connErr(qp.q.Accept(ctx, r.r, engine.ConnectOptions(o)))
+	if err == nil {
+		qp.placeAccepted(local) // adapter.go
+	}
+	return err
 }
 
 // Reject refuses the request, sending private data with the rejection,

@@ -135,6 +135,8 @@ type Device struct {
 	log     *slog.Logger
 	events  chan Event
 	dropped atomic.Uint64
+	// adapters are the device's links and topology (adapter.go).
+	adapters adapterSet
 }
 
 // DeviceOption configures Open.

@@ -190,7 +190,7 @@ func (pd *PD) NewQP(c QPConfig) (*QP, error) {
 		SendCQ: engCQ(c.SendCQ), RecvCQ: engCQ(c.RecvCQ),
 		PD: pd.id, Table: pd.dev.table,
 		Completion: engine.CompletionMode(c.Completion), AsyncOnly: c.AsyncOnly,
-		Logger: pd.dev.log, Events: pd.dev.emit,
+		Logger: pd.dev.log, Events: pd.dev.emit, Owner: &qpOwner{dev: pd.dev},
 	})
 	if err != nil {
 		return nil, err

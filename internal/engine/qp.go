@@ -99,6 +99,9 @@ type Config struct {
 	Logger    *slog.Logger
 	// Events, if set, receives the queue pair's asynchronous events.
 	Events Emitter
+	// Owner is the caller's own record of the queue pair (the root
+	// package keeps its adapter there); the engine only hands it back.
+	Owner any
 }
 
 // Params are what MPA negotiation settled.
@@ -321,6 +324,9 @@ func (q *QP) Err() error {
 
 // Params returns the negotiated connection parameters.
 func (q *QP) Params() Params { return q.params }
+
+// Owner returns Config.Owner.
+func (q *QP) Owner() any { return q.cfg.Owner }
 
 // FPDUSize returns the size on the wire of a full FPDU on this connection
 // now (the TCP segment, rounded down to 4 on links with real segments; on

@@ -20,12 +20,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Pair is two namespaces, A and B, joined by a veth pair.
+// Pair is two namespaces, A and B, joined by a veth pair (New) or by
+// several (NewLinks). LinkA, LinkB, AddrA and AddrB are the first link's.
 type Pair struct {
 	A, B         string     // namespace names
 	LinkA, LinkB string     // the veth ends, in A and in B
 	AddrA, AddrB netip.Addr // their addresses on the link
 	MTU          int
+	// Links are all the veth pairs joining A and B, each on a /24 of
+	// its own, so each pair of addresses is reached over its link only.
+	Links []Link
+}
+
+// Link is one veth pair between a Pair's namespaces.
+type Link struct {
+	LinkA, LinkB string     // the veth ends, in A and in B
+	AddrA, AddrB netip.Addr // their addresses, on a /24 of the link's own
 }
 
 var seq atomic.Int32
@@ -34,6 +44,21 @@ var seq atomic.Int32
 // them when the test ends.
 func New(tb testing.TB, mtu int) *Pair {
 	tb.Helper()
+	return NewLinks(tb, mtu, 1)
+}
+
+// MaxLinks is the most links NewLinks makes between two namespaces.
+const MaxLinks = 8
+
+// NewLinks creates the namespaces joined by links veth pairs (1 to
+// MaxLinks) with the given MTU: link k has addresses 10.213+k.n.1 in A
+// and 10.213+k.n.2 in B, n numbering the test's pairs. Cutting one
+// (ip link set … down) leaves the others up, as separate cables would.
+func NewLinks(tb testing.TB, mtu, links int) *Pair {
+	tb.Helper()
+	if links < 1 || links > MaxLinks {
+		tb.Fatalf("netns: %d links, want 1 to %d", links, MaxLinks)
+	}
 	if os.Geteuid() != 0 {
 		tb.Skip("netns: needs root to create network namespaces")
 	}
@@ -59,17 +84,28 @@ func New(tb testing.TB, mtu int) *Pair {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { run("netns", "del", p.B) })
-	va, vb := id+"x", id+"y"
-	p.LinkA, p.LinkB = va, vb
 	steps := [][]string{
-		{"link", "add", va, "netns", p.A, "type", "veth", "peer", "name", vb, "netns", p.B},
-		{"-n", p.A, "link", "set", va, "mtu", fmt.Sprint(mtu), "up"},
-		{"-n", p.B, "link", "set", vb, "mtu", fmt.Sprint(mtu), "up"},
 		{"-n", p.A, "link", "set", "lo", "up"},
 		{"-n", p.B, "link", "set", "lo", "up"},
-		{"-n", p.A, "addr", "add", p.AddrA.String() + "/24", "dev", va},
-		{"-n", p.B, "addr", "add", p.AddrB.String() + "/24", "dev", vb},
 	}
+	for k := range links {
+		// The first link keeps the names and addresses New always gave.
+		l := Link{LinkA: id + "x", LinkB: id + "y", AddrA: p.AddrA, AddrB: p.AddrB}
+		if k > 0 {
+			l = Link{LinkA: fmt.Sprintf("%sx%d", id, k), LinkB: fmt.Sprintf("%sy%d", id, k),
+				AddrA: netip.AddrFrom4([4]byte{10, byte(213 + k), byte(n), 1}),
+				AddrB: netip.AddrFrom4([4]byte{10, byte(213 + k), byte(n), 2})}
+		}
+		p.Links = append(p.Links, l)
+		steps = append(steps,
+			[]string{"link", "add", l.LinkA, "netns", p.A, "type", "veth", "peer", "name", l.LinkB, "netns", p.B},
+			[]string{"-n", p.A, "link", "set", l.LinkA, "mtu", fmt.Sprint(mtu), "up"},
+			[]string{"-n", p.B, "link", "set", l.LinkB, "mtu", fmt.Sprint(mtu), "up"},
+			[]string{"-n", p.A, "addr", "add", l.AddrA.String() + "/24", "dev", l.LinkA},
+			[]string{"-n", p.B, "addr", "add", l.AddrB.String() + "/24", "dev", l.LinkB},
+		)
+	}
+	p.LinkA, p.LinkB = p.Links[0].LinkA, p.Links[0].LinkB
 	for _, s := range steps {
 		if err := run(s...); err != nil {
 			tb.Fatal(err)
