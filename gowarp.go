@@ -112,6 +112,10 @@ var (
 	ErrRegionInvalid = mem.ErrInvalid
 	// ErrTableFull: every STag index of the device is in use.
 	ErrTableFull = mem.ErrTableFull
+	// ErrIndexInUse: a registration asked for an STag index
+	// (RegisterOptions.Index, FileOptions.Index) another region has, or
+	// one wider than 24 bits.
+	ErrIndexInUse = mem.ErrIndexInUse
 	// ErrSnapshotClosed: a read or Close of a closed Snapshot.
 	ErrSnapshotClosed = mem.ErrSnapshotClosed
 	// ErrOutOfBounds: MR.WriteAt or Snapshot.ReadAt of a range outside
@@ -269,6 +273,11 @@ type RegisterOptions struct {
 	Key uint8
 	// KeyFixed keeps Key even when it is zero.
 	KeyFixed bool
+	// Index, if not zero, is the STag index (the STag's upper 24 bits)
+	// the region must have, as when a server re-registers its regions
+	// under the STags its clients hold after a restart: ErrIndexInUse if
+	// another region of the device has it.
+	Index uint32
 }
 
 // RegisterBuffers registers several buffers as one region with a single

@@ -54,10 +54,11 @@ var (
 type FileOptions struct {
 	// Semantics of the STag's own key (MR.STag); Plain by default.
 	Semantics Semantics
-	// Addr, Key and KeyFixed are as in RegisterOptions.
+	// Addr, Key, KeyFixed and Index are as in RegisterOptions.
 	Addr     uint64
 	Key      uint8
 	KeyFixed bool
+	Index    uint32
 }
 
 // RegisterFile maps length bytes of f from offset off (shared, read and
@@ -77,7 +78,7 @@ type FileOptions struct {
 // so that a fault is caught.
 func (pd *PD) RegisterFile(f *os.File, off, length int64, access Access, o FileOptions) (*MR, error) {
 	r, err := pd.dev.table.RegisterFile(pd.id, f, off, length, mem.Access(access), mem.Semantics(o.Semantics),
-		mem.Options{Addr: o.Addr, Key: o.Key, KeyFixed: o.KeyFixed})
+		mem.Options{Addr: o.Addr, Key: o.Key, KeyFixed: o.KeyFixed, Index: o.Index})
 	if err != nil {
 		return nil, err
 	}

@@ -93,6 +93,7 @@ var (
 	ErrBadAccess  = errors.New("mem: invalid access flags")
 	ErrAddrWrap   = errors.New("mem: region wraps the address space")
 	ErrInvalid    = errors.New("mem: region is no longer valid")
+	ErrIndexInUse = errors.New("mem: the STag index is in use")
 )
 
 // Region is registered memory: one or more buffers seen as one range of
@@ -381,6 +382,10 @@ type Options struct {
 	Key uint8
 	// KeyFixed keeps Key even when it is zero.
 	KeyFixed bool
+	// Index, if not zero, is the STag index the region must have (a
+	// server re-registering its regions under the STags its clients know,
+	// after a restart): ErrIndexInUse if another region has it.
+	Index uint32
 }
 
 // Table is an STag table: the regions reachable through a set of
@@ -440,12 +445,21 @@ func (t *Table) insert(r *Region, bufs [][]byte, o Options) error {
 	if r.base+r.length < r.base {
 		return fmt.Errorf("%w: %#x + %d bytes", ErrAddrWrap, r.base, r.length)
 	}
+	if o.Index > 0xffffff {
+		return fmt.Errorf("%w: %#x is more than 24 bits", ErrIndexInUse, o.Index)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	x := t.rng.Uint64()
 	key := uint8(x >> 32)
 	if o.Key != 0 || o.KeyFixed {
 		key = o.Key
+	}
+	if o.Index != 0 {
+		if t.regions[o.Index] != nil {
+			return fmt.Errorf("%w: %#x", ErrIndexInUse, o.Index)
+		}
+		x = uint64(o.Index)
 	}
 	// Index 0 is never used, so that STag 0 (and siw's RTR STag 1) are
 	// always invalid.

@@ -87,6 +87,31 @@ func TestCallerKeyIsKept(t *testing.T) {
 	}
 }
 
+// TestCallerIndex: a requested index is given with the requested key, a
+// taken one or one wider than 24 bits is refused and changes nothing, and
+// a deregistered region's index can be asked for again.
+func TestCallerIndex(t *testing.T) {
+	tb := NewTable()
+	r := register(t, tb, Options{Index: 0x123456, Key: 7, KeyFixed: true})
+	if r.STag() != 0x12345607 {
+		t.Fatalf("STag %v, asked for 0x12345607", r.STag())
+	}
+	for _, idx := range []uint32{0x123456, 1 << 24} {
+		if _, err := tb.Register(1, [][]byte{make([]byte, 8)}, RemoteRead, Options{Index: idx}); !errors.Is(err, ErrIndexInUse) {
+			t.Fatalf("index %#x: %v, want ErrIndexInUse", idx, err)
+		}
+	}
+	if len(tb.regions) != 1 {
+		t.Fatalf("%d regions after refused registrations", len(tb.regions))
+	}
+	if err := tb.Deregister(r); err != nil {
+		t.Fatal(err)
+	}
+	if r2 := register(t, tb, Options{Index: 0x123456, Key: 8, KeyFixed: true}); r2.STag() != 0x12345608 {
+		t.Fatalf("STag %v after re-registration", r2.STag())
+	}
+}
+
 // TestLookup: an STag finds its region only with its own key, and not
 // after Deregister; lookups allocate nothing.
 func TestLookup(t *testing.T) {
