@@ -1,0 +1,181 @@
+package cache_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/cache"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// testLog logs to the test's output with GOWARP_CACHE_DEBUG set.
+func testLog(t testing.TB) *slog.Logger {
+	if os.Getenv("GOWARP_CACHE_DEBUG") == "" {
+		return quiet
+	}
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// startServer serves a data directory on a loopback port until the test
+// ends (or stop is called).
+func startServer(t testing.TB, o cache.ServerOptions) (addr string, srv *cache.Server, stop func()) {
+	t.Helper()
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	if o.Logger == nil {
+		o.Logger = quiet
+	}
+	if o.Device == nil {
+		o.Device = gowarp.Open(gowarp.WithLogger(quiet))
+	}
+	srv, err := cache.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+			if err := srv.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return ln.Addr().String(), srv, stop
+}
+
+func dial(t testing.TB, addr string, o cache.ClientOptions) *cache.Client {
+	t.Helper()
+	if o.Logger == nil {
+		o.Logger = quiet
+	}
+	if o.Device == nil {
+		o.Device = gowarp.Open(gowarp.WithLogger(quiet))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := cache.Dial(ctx, addr, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func value(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 7))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// TestPutGet: values small (inline) and large (RDMA, several blocks),
+// overwrite, delete, list and stats, through the public API.
+func TestPutGet(t *testing.T) {
+	addr, _, _ := startServer(t, cache.ServerOptions{BlockSize: 256 << 10})
+	c := dial(t, addr, cache.ClientOptions{})
+	ctx := ctxT(t)
+	sizes := []int{0, 1, 100, 4096, cache.InlineMax, cache.InlineMax + 1, 200 << 10, 256<<10 - cache.HeaderLen, 1 << 20, 3<<20 + 17}
+	for i, n := range sizes {
+		key := fmt.Sprintf("k%02d", i)
+		v := value(uint64(i), n)
+		if err := c.Put(ctx, key, v, cache.PutOptions{Durable: i%2 == 0}); err != nil {
+			t.Fatalf("put %d bytes: %v", n, err)
+		}
+		got, err := c.Get(ctx, key)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %d bytes: %d bytes, %v", n, len(got), err)
+		}
+	}
+	// Overwrite a large value with a small one and back.
+	for _, n := range []int{10, 600 << 10, 5} {
+		v := value(uint64(n), n)
+		if err := c.Put(ctx, "k09", v, cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.Get(ctx, "k09"); err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("after overwrite with %d bytes: %d bytes, %v", n, len(got), err)
+		}
+	}
+	keys, err := c.List(ctx, "k0", 0)
+	if err != nil || len(keys) != len(sizes) || keys[0] != "k00" {
+		t.Fatalf("list: %v, %v", keys, err)
+	}
+	if err := c.Delete(ctx, "k03"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get(ctx, "k03"); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("get after delete: %v, want ErrNotFound", err)
+	}
+	if err := c.Delete(ctx, "k03"); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("second delete: %v, want ErrNotFound", err)
+	}
+	st, err := c.Stats(ctx)
+	if err != nil || st.Keys != uint64(len(sizes)-1) || st.Puts != uint64(len(sizes)+3) || st.Misses != 1 {
+		t.Fatalf("stats %+v, %v", st, err)
+	}
+}
+
+// TestReadAtWriteAt: zero-copy reads of ranges and a write from a
+// registered buffer.
+func TestReadAtWriteAt(t *testing.T) {
+	addr, _, _ := startServer(t, cache.ServerOptions{BlockSize: 64 << 10})
+	c := dial(t, addr, cache.ClientOptions{})
+	ctx := ctxT(t)
+	v := value(1, 300<<10)
+	src, err := c.PD().Register(append([]byte(nil), v...), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteAt(ctx, "big", src, 0, len(v), cache.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	dst, err := c.PD().Register(make([]byte, len(v)+100), gowarp.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct{ off, n int }{{0, len(v)}, {1, 10}, {64<<10 - 40, 100}, {len(v) - 5, 5}, {100, 200 << 10}} {
+		clear(dst.Bytes())
+		n, err := c.ReadAt(ctx, "big", dst, 7, r.n, int64(r.off))
+		if err != nil || n != r.n || !bytes.Equal(dst.Bytes()[7:7+n], v[r.off:r.off+r.n]) {
+			t.Fatalf("ReadAt(%d, %d): %d, %v", r.off, r.n, n, err)
+		}
+	}
+	if n, err := c.ReadAt(ctx, "big", dst, 0, 100, int64(len(v)-10)); n != 10 || err != io.EOF {
+		t.Fatalf("ReadAt past the end: %d, %v", n, err)
+	}
+	if _, err := c.ReadAt(ctx, "none", dst, 0, 10, 0); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("ReadAt of a missing key: %v", err)
+	}
+}

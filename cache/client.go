@@ -1,0 +1,895 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gowarp/gowarp"
+)
+
+// ClientOptions configure a client. Zero values mean the defaults.
+type ClientOptions struct {
+	// Device is the RDMA device to use (default a new one).
+	Device *gowarp.Device
+	// Conns is how many connections (queue pairs) the client spreads its
+	// calls over (default 1): each is served by one goroutine of the
+	// server's.
+	Conns int
+	// Slots is how many calls may be outstanding on each connection
+	// (default 32, at most what the server grants).
+	Slots  int
+	Logger *slog.Logger
+}
+
+// PutOptions tune a put.
+type PutOptions struct {
+	// Durable: the put returns only once the value and its index entry
+	// are on the server's stable storage (RDMA Write, persistence flush,
+	// then the index commit and its sync).
+	Durable bool
+	// Progress, if set, is called as bytes of a large value reach the
+	// server (from the calling goroutine).
+	Progress func(done, total int64)
+}
+
+// GetOptions tune a get.
+type GetOptions struct {
+	// Progress, if set, is called as bytes of a large value arrive.
+	Progress func(done, total int64)
+}
+
+// Entry is where a value lives: its generation, size and pieces. Clients
+// may keep it and read through it later (ReadEntry); a read through an
+// entry whose blocks were paged out or reused fails cleanly (ErrStale)
+// and never returns other bytes.
+type Entry struct {
+	Key   string
+	Gen   uint64
+	Size  int64
+	Addrs []Addr
+}
+
+// Client is a cache client, safe for concurrent use.
+type Client struct {
+	addr  string
+	o     ClientOptions
+	pd    *gowarp.PD
+	conns []connHolder
+	rr    atomic.Uint32
+	srv   hello // the server's answer, from the first connection
+
+	closed atomic.Bool
+
+	emu     sync.Mutex
+	entries map[string]*Entry
+}
+
+type connHolder struct {
+	mu sync.Mutex
+	c  atomic.Pointer[cliConn]
+}
+
+// Dial connects to the cache server at addr (host:port).
+func Dial(ctx context.Context, addr string, o ClientOptions) (*Client, error) {
+	if o.Device == nil {
+		o.Device = gowarp.Open()
+	}
+	if o.Conns <= 0 {
+		o.Conns = 1
+	}
+	if o.Slots <= 0 {
+		o.Slots = DefaultSlots
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	c := &Client{addr: addr, o: o, pd: o.Device.AllocPD(), conns: make([]connHolder, o.Conns), entries: make(map[string]*Entry)}
+	for i := range c.conns {
+		cc, err := c.dial(ctx)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.conns[i].c.Store(cc)
+		c.srv = cc.srv
+	}
+	return c, nil
+}
+
+// PD returns the client's protection domain: register the buffers given
+// to ReadAt and WriteAt in it.
+func (c *Client) PD() *gowarp.PD { return c.pd }
+
+// BlockSize returns the server's block size.
+func (c *Client) BlockSize() int64 { return int64(c.srv.BlockSize) }
+
+// MaxValue returns the largest value the server takes.
+func (c *Client) MaxValue() int64 { return int64(c.srv.MaxValue) }
+
+// Close closes the client's connections; calls in progress fail with
+// ErrClosed.
+func (c *Client) Close() error {
+	c.closed.Store(true)
+	for i := range c.conns {
+		h := &c.conns[i]
+		h.mu.Lock()
+		if cc := h.c.Load(); cc != nil {
+			cc.fail(ErrClosed)
+			<-cc.stopped
+		}
+		h.mu.Unlock()
+	}
+	return nil
+}
+
+// conn returns a live connection, dialing again for one that failed.
+func (c *Client) conn(ctx context.Context) (*cliConn, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	h := &c.conns[int(c.rr.Add(1))%len(c.conns)]
+	if cc := h.c.Load(); cc != nil && !cc.failed() {
+		return cc, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cc := h.c.Load(); cc != nil && !cc.failed() {
+		return cc, nil
+	}
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	cc, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h.c.Store(cc)
+	return cc, nil
+}
+
+// errConnLost marks a call that failed because its connection did: a
+// one-sided access to a block that is gone fails the connection (the
+// server answers it with a Terminate), so the call is retried on a new
+// one after a new lookup.
+var errConnLost = errors.New("cache: connection lost")
+
+const attempts = 5
+
+// retry runs f on a live connection, again on a new one (at most
+// attempts times) while it fails with a lost connection or a stale
+// address.
+func (c *Client) retry(ctx context.Context, key string, f func(cc *cliConn) error) error {
+	var err error
+	for range attempts {
+		var cc *cliConn
+		if cc, err = c.conn(ctx); err != nil {
+			return err
+		}
+		err = f(cc)
+		if err == nil || !(errors.Is(err, errConnLost) || errors.Is(err, ErrStale)) || ctx.Err() != nil {
+			return err
+		}
+		c.forget(key)
+	}
+	return err
+}
+
+// Put stores value under key.
+func (c *Client) Put(ctx context.Context, key string, value []byte, o PutOptions) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if len(value) > InlineMax {
+		return c.putLarge(ctx, key, value, o)
+	}
+	var fl uint8
+	if o.Durable {
+		fl = FlagDurable
+	}
+	c.forget(key)
+	return c.retry(ctx, key, func(cc *cliConn) error {
+		_, err := cc.call(ctx, &Msg{Op: OpPut, Flags: fl, Key: []byte(key), Value: value}, nil)
+		return err
+	})
+}
+
+func (c *Client) putLarge(ctx context.Context, key string, value []byte, o PutOptions) error {
+	mr, err := c.pd.Register(value, 0)
+	if err != nil {
+		return fmt.Errorf("cache: put: %w", err)
+	}
+	defer mr.Deregister()
+	return c.WriteAt(ctx, key, mr, 0, len(value), o)
+}
+
+// WriteAt stores n bytes of src, a buffer registered in PD, from offset
+// srcOff, as the value of key: the bytes go from src to the server's
+// block with RDMA Write, without a copy on either side. src must not
+// change until WriteAt returns.
+func (c *Client) WriteAt(ctx context.Context, key string, src *gowarp.MR, srcOff, n int, o PutOptions) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if srcOff < 0 || n < 0 || srcOff > src.Len() || n > src.Len()-srcOff {
+		return fmt.Errorf("%w: %d bytes at %d of a buffer of %d", ErrBadRequest, n, srcOff, src.Len())
+	}
+	c.forget(key)
+	return c.retry(ctx, key, func(cc *cliConn) error { return cc.writeAt(ctx, key, src, srcOff, n, o) })
+}
+
+// Get returns the value of key.
+func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
+	return c.GetInto(ctx, key, nil, GetOptions{})
+}
+
+// GetInto returns the value of key, in dst's memory when it has room
+// (appended to dst[:0]).
+func (c *Client) GetInto(ctx context.Context, key string, dst []byte, o GetOptions) ([]byte, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	var out []byte
+	err := c.retry(ctx, key, func(cc *cliConn) error {
+		r, err := cc.call(ctx, &Msg{Op: OpGet, Key: []byte(key)}, func(r *Msg) {
+			if r.Flags&FlagInline != 0 {
+				out = append(dst[:0], r.Value...)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if r.Flags&FlagInline != 0 {
+			return nil
+		}
+		e := entryOf(key, r)
+		c.remember(e)
+		if e.Size > c.MaxValue() && c.MaxValue() > 0 {
+			return fmt.Errorf("%w: the server says %d bytes", ErrMalformed, e.Size)
+		}
+		if int64(cap(dst)) >= e.Size {
+			out = dst[:e.Size]
+		} else {
+			out = make([]byte, e.Size)
+		}
+		mr, err := c.pd.Register(out, gowarp.LocalWrite)
+		if err != nil {
+			return fmt.Errorf("cache: get: %w", err)
+		}
+		defer mr.Deregister()
+		_, err = cc.read(ctx, e, mr, 0, int(e.Size), 0, o.Progress)
+		return err
+	})
+	return out, err
+}
+
+// Lookup returns where the value of key lives, paging its blocks in.
+func (c *Client) Lookup(ctx context.Context, key string) (*Entry, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	var e *Entry
+	err := c.retry(ctx, key, func(cc *cliConn) error {
+		r, err := cc.call(ctx, &Msg{Op: OpLookup, Key: []byte(key)}, nil)
+		if err != nil {
+			return err
+		}
+		e = entryOf(key, r)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.remember(e)
+	return e, nil
+}
+
+func entryOf(key string, r *Msg) *Entry {
+	return &Entry{Key: key, Gen: r.Gen, Size: int64(r.Size), Addrs: append([]Addr(nil), r.Addrs...)}
+}
+
+// ReadAt reads n bytes of the value of key from offset off into dst,
+// a buffer registered in PD, at dstOff, with RDMA Reads straight from the
+// server's blocks: no copy, and no work for the server's CPU when the
+// client knows the value's address already (it keeps the addresses of
+// the values it looked up). A read through an address gone stale looks
+// the key up again. It returns the bytes read; io.EOF when the range
+// passes the value's end.
+func (c *Client) ReadAt(ctx context.Context, key string, dst *gowarp.MR, dstOff, n int, off int64) (int, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	var got int
+	err := c.retry(ctx, key, func(cc *cliConn) error {
+		e := c.entry(key)
+		if e == nil {
+			r, err := cc.call(ctx, &Msg{Op: OpLookup, Key: []byte(key)}, nil)
+			if err != nil {
+				return err
+			}
+			e = entryOf(key, r)
+			c.remember(e)
+		}
+		var err error
+		got, err = cc.read(ctx, e, dst, dstOff, n, off, nil)
+		return err
+	})
+	return got, err
+}
+
+// ReadEntry is ReadAt through an entry the caller keeps: it fails with
+// ErrStale, and reads nothing that is not the entry's, if the entry's
+// blocks were paged out or reused since the lookup.
+func (c *Client) ReadEntry(ctx context.Context, e *Entry, dst *gowarp.MR, dstOff, n int, off int64) (int, error) {
+	cc, err := c.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	got, err := cc.read(ctx, e, dst, dstOff, n, off, nil)
+	if errors.Is(err, errConnLost) {
+		err = fmt.Errorf("%w: %w", ErrStale, err)
+	}
+	return got, err
+}
+
+// Delete removes key.
+func (c *Client) Delete(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	c.forget(key)
+	cc, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = cc.call(ctx, &Msg{Op: OpDelete, Key: []byte(key)}, nil)
+	return err
+}
+
+// List returns the keys with the prefix, in order, at most limit of them
+// (0: all).
+func (c *Client) List(ctx context.Context, prefix string, limit int) ([]string, error) {
+	var keys []string
+	after := ""
+	for limit <= 0 || len(keys) < limit {
+		want := uint64(maxListLen)
+		if limit > 0 {
+			want = uint64(min(limit-len(keys), maxListLen))
+		}
+		var more bool
+		err := c.retry(ctx, "", func(cc *cliConn) error {
+			_, err := cc.call(ctx, &Msg{Op: OpList, Key: []byte(prefix), Value: []byte(after), Size: want}, func(r *Msg) {
+				for _, k := range r.Keys {
+					keys = append(keys, string(k))
+				}
+				more = r.Flags&FlagMore != 0
+			})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if !more || len(keys) == 0 {
+			break
+		}
+		after = keys[len(keys)-1]
+	}
+	return keys, nil
+}
+
+// Stats returns the server's counters.
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	err := c.retry(ctx, "", func(cc *cliConn) error {
+		var derr error
+		_, err := cc.call(ctx, &Msg{Op: OpStats}, func(r *Msg) { st, derr = decodeStats(r.Value) })
+		return errors.Join(err, derr)
+	})
+	return st, err
+}
+
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrBadRequest)
+	case len(key) > MaxKey:
+		return fmt.Errorf("%w: key of %d bytes (at most %d)", ErrTooLarge, len(key), MaxKey)
+	}
+	return nil
+}
+
+func (c *Client) entry(key string) *Entry {
+	c.emu.Lock()
+	defer c.emu.Unlock()
+	return c.entries[key]
+}
+
+func (c *Client) remember(e *Entry) {
+	c.emu.Lock()
+	if len(c.entries) > 1<<16 {
+		clear(c.entries)
+	}
+	c.entries[e.Key] = e
+	c.emu.Unlock()
+}
+
+func (c *Client) forget(key string) {
+	c.emu.Lock()
+	delete(c.entries, key)
+	c.emu.Unlock()
+}
+
+// cliConn is one connection: a queue pair, a slot per outstanding call
+// (its message buffer and its headers' landing area), and the goroutine
+// that polls the completion queue and hands each completion to its slot.
+type cliConn struct {
+	cl     *Client
+	qp     *gowarp.QP
+	cq     *gowarp.CQ
+	sendMR *gowarp.MR
+	recvMR *gowarp.MR
+	hdrMR  *gowarp.MR
+	recvs  []gowarp.RecvWR
+	slots  []cslot
+	free   chan int
+	msg    int
+	srv    hello
+
+	dead    chan struct{}
+	stopped chan struct{}
+	once    sync.Once
+	err     error
+}
+
+// Kinds of a work request, in its ID's bits 16-23 (the slot in 0-15).
+const (
+	wrSend = iota + 1
+	wrRead
+	wrWrite
+	wrFlush
+)
+
+const maxPiecesPerCall = MaxPieces
+
+type cslot struct {
+	i         int
+	id        atomic.Uint64
+	seq       uint64
+	msg       []byte
+	hdrOff    int // offset of its header area in hdrMR
+	wr        gowarp.SendWR
+	sge       [1]gowarp.SGE
+	ev        chan struct{}
+	abandoned atomic.Bool
+	gaveUp    bool // the caller abandoned the slot: the reply frees it
+	onReply   func(*Msg)
+	reply     Msg
+	status    Status
+	text      []byte
+	addrs     []Addr
+	wrs       []gowarp.SendWR
+	sges      []gowarp.SGE
+}
+
+func (c *Client) dial(ctx context.Context) (*cliConn, error) {
+	n, msg := c.o.Slots, maxMsg
+	cc := &cliConn{cl: c, msg: msg, dead: make(chan struct{}), stopped: make(chan struct{})}
+	cc.cq = c.o.Device.NewCQ(n*(2*maxPiecesPerCall+4) + 16)
+	qp, err := c.pd.NewQP(gowarp.QPConfig{SendCQ: cc.cq, RecvCQ: cc.cq, SendDepth: n * (2*maxPiecesPerCall + 2), RecvDepth: n})
+	if err != nil {
+		return nil, fmt.Errorf("cache: dial: %w", err)
+	}
+	cc.qp = qp
+	if cc.recvMR, err = c.pd.Register(make([]byte, n*msg), gowarp.LocalWrite); err != nil {
+		return nil, fmt.Errorf("cache: dial: %w", err)
+	}
+	cc.recvs = make([]gowarp.RecvWR, n)
+	for i := range cc.recvs {
+		cc.recvs[i] = gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: cc.recvMR, Offset: i * msg, Length: msg}}}
+	}
+	if _, err := qp.PostRecvList(cc.recvs); err != nil {
+		return nil, fmt.Errorf("cache: dial: %w", err)
+	}
+	h := hello{Version: Version, Slots: uint16(n), MaxMsg: uint32(msg)}
+	if err := qp.Connect(ctx, c.addr, gowarp.ConnectOptions{PrivateData: h.append(nil), IRD: 1, ORD: 128}); err != nil {
+		qp.Close()
+		return nil, fmt.Errorf("cache: dial %s: %w", c.addr, err)
+	}
+	sh, err := parseHello(qp.PeerPrivateData())
+	if err != nil || int(sh.Slots) > n || int(sh.MaxMsg) > msg {
+		qp.Close()
+		return nil, fmt.Errorf("cache: dial %s: server's hello: %w", c.addr, errors.Join(err, ErrMalformed))
+	}
+	cc.srv = sh
+	n, cc.msg = int(sh.Slots), int(sh.MaxMsg)
+	if cc.sendMR, err = c.pd.Register(make([]byte, n*cc.msg), 0); err != nil {
+		qp.Close()
+		return nil, fmt.Errorf("cache: dial: %w", err)
+	}
+	if cc.hdrMR, err = c.pd.Register(make([]byte, n*maxPiecesPerCall*HeaderLen), gowarp.LocalWrite); err != nil {
+		qp.Close()
+		return nil, fmt.Errorf("cache: dial: %w", err)
+	}
+	cc.slots = make([]cslot, n)
+	cc.free = make(chan int, n)
+	for i := range cc.slots {
+		s := &cc.slots[i]
+		s.i = i
+		s.msg = cc.sendMR.Bytes()[i*cc.msg : (i+1)*cc.msg]
+		s.hdrOff = i * maxPiecesPerCall * HeaderLen
+		s.ev = make(chan struct{}, 2*maxPiecesPerCall+2)
+		s.sge[0].MR = cc.sendMR
+		s.sge[0].Offset = i * cc.msg
+		s.wr = gowarp.SendWR{Op: gowarp.OpSend, SGL: s.sge[:]}
+		cc.free <- i
+	}
+	go cc.poll()
+	return cc, nil
+}
+
+func (cc *cliConn) failed() bool {
+	select {
+	case <-cc.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// fail ends the connection: the queue pair closes (so nothing it had
+// posted lands anywhere any more) and every call on it fails.
+func (cc *cliConn) fail(err error) {
+	cc.once.Do(func() {
+		if !errors.Is(err, ErrClosed) {
+			cc.cl.o.Logger.Debug("cache: connection failed", "err", err)
+		}
+		cc.err = err
+		close(cc.dead)
+		cc.qp.Close()
+	})
+}
+
+func (cc *cliConn) lostErr() error {
+	if errors.Is(cc.err, ErrClosed) {
+		return ErrClosed
+	}
+	return fmt.Errorf("%w: %w", errConnLost, cc.err)
+}
+
+// poll hands completions to their slots until the connection fails.
+func (cc *cliConn) poll() {
+	defer close(cc.stopped)
+	defer func() {
+		cc.recvMR.Deregister()
+		cc.sendMR.Deregister()
+		cc.hdrMR.Deregister()
+	}()
+	var wc [64]gowarp.Completion
+	var m Msg
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-cc.dead // closed by fail, which every way out of poll calls
+		cancel()
+	}()
+	for {
+		if err := cc.cq.Wait(ctx); err != nil {
+			cc.fail(err)
+			return
+		}
+		for _, w := range wc[:cc.cq.Poll(wc[:])] {
+			if err := w.Err(); err != nil {
+				cc.fail(errors.Join(err, cc.qp.Err()))
+				return
+			}
+			if w.Op != gowarp.CompRecv {
+				if kind := w.ID >> 16 & 0xff; kind != wrSend {
+					if i := int(w.ID & 0xffff); i < len(cc.slots) {
+						cc.slots[i].ev <- struct{}{}
+					}
+				}
+				continue
+			}
+			if err := cc.onReply(int(w.ID), w.Bytes, &m); err != nil {
+				cc.fail(err)
+				return
+			}
+		}
+	}
+}
+
+// onReply delivers the reply in receive buffer k to its slot.
+func (cc *cliConn) onReply(k, n int, m *Msg) error {
+	if k >= len(cc.recvs) {
+		return fmt.Errorf("%w: completion of receive %d", ErrMalformed, k)
+	}
+	if err := Decode(cc.recvMR.Bytes()[k*cc.msg:k*cc.msg+n], m); err != nil {
+		return err
+	}
+	i := int(m.ID & 0xffff)
+	if i >= len(cc.slots) || cc.slots[i].id.Load() != m.ID {
+		return fmt.Errorf("%w: reply to call %#x, which is not outstanding", ErrMalformed, m.ID)
+	}
+	s := &cc.slots[i]
+	s.id.Store(0)
+	if s.abandoned.CompareAndSwap(true, false) {
+		if err := cc.qp.PostRecv(&cc.recvs[k]); err != nil {
+			return err
+		}
+		cc.free <- i
+		return nil
+	}
+	s.reply = Msg{Op: m.Op, Flags: m.Flags, Status: m.Status, ID: m.ID, Gen: m.Gen, Size: m.Size}
+	s.status = m.Status
+	s.text = append(s.text[:0], m.Value...)
+	s.addrs = append(s.addrs[:0], m.Addrs...)
+	s.reply.Addrs = s.addrs
+	if s.onReply != nil && m.Status == StatusOK {
+		s.onReply(m) // while m still aliases the receive buffer
+	}
+	s.reply.Value = s.text
+	if err := cc.qp.PostRecv(&cc.recvs[k]); err != nil {
+		return err
+	}
+	s.ev <- struct{}{}
+	return nil
+}
+
+// acquire takes a free slot.
+func (cc *cliConn) acquire(ctx context.Context) (*cslot, error) {
+	select {
+	case i := <-cc.free:
+		return &cc.slots[i], nil
+	case <-cc.dead:
+		return nil, cc.lostErr()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (cc *cliConn) release(s *cslot) { s.onReply = nil; cc.free <- s.i }
+
+// wait waits for k events of slot s. If ctx ends first and one-sided work
+// is outstanding (rdma), the connection is failed: only a closed queue
+// pair guarantees that a Read no longer lands in the caller's buffer.
+func (cc *cliConn) wait(ctx context.Context, s *cslot, k int, rdma bool) error {
+	for range k {
+		select {
+		case <-s.ev:
+		case <-cc.dead:
+			return cc.lostErr()
+		case <-ctx.Done():
+			if rdma {
+				cc.fail(ctx.Err())
+				<-cc.stopped
+			}
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// send posts the control message m in slot s.
+func (cc *cliConn) send(s *cslot, m *Msg) error {
+	s.seq++
+	m.ID = s.seq<<16 | uint64(s.i)
+	if m.EncodedLen() > len(s.msg) {
+		return fmt.Errorf("%w: a %s message of %d bytes", ErrTooLarge, m.Op, m.EncodedLen())
+	}
+	s.sge[0].Length = len(m.Append(s.msg[:0]))
+	s.wr.ID = wrSend<<16 | uint64(s.i)
+	s.id.Store(m.ID)
+	if err := cc.qp.PostSend(&s.wr); err != nil {
+		s.id.Store(0)
+		return fmt.Errorf("%w: %w", errConnLost, err)
+	}
+	return nil
+}
+
+// call sends m and waits for the reply; onReply, if set, sees a
+// successful reply while its slices still alias the receive buffer.
+func (cc *cliConn) call(ctx context.Context, m *Msg, onReply func(*Msg)) (*Msg, error) {
+	s, err := cc.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := cc.callIn(ctx, s, m, onReply)
+	if !s.gaveUp && !cc.failed() {
+		cc.release(s)
+	}
+	return r, err
+}
+
+func (cc *cliConn) callIn(ctx context.Context, s *cslot, m *Msg, onReply func(*Msg)) (*Msg, error) {
+	s.onReply, s.gaveUp = onReply, false
+	if err := cc.send(s, m); err != nil {
+		return nil, err
+	}
+	select {
+	case <-s.ev:
+	case <-cc.dead:
+		return nil, cc.lostErr()
+	case <-ctx.Done():
+		s.abandoned.Store(true)
+		if s.id.Load() == 0 && s.abandoned.CompareAndSwap(true, false) {
+			<-s.ev // the reply came meanwhile
+			return &s.reply, s.status.err(m.Op, s.text)
+		}
+		s.gaveUp = true
+		return nil, ctx.Err()
+	}
+	if err := s.status.err(m.Op, s.text); err != nil {
+		return nil, err
+	}
+	return &s.reply, nil
+}
+
+// read reads [off, off+n) of the value e names into dst at dstOff: a Read
+// of each piece's bytes, then a Read of its header, then the checks.
+// The responder serves a queue pair's Reads in order, so a header read
+// after its bytes shows whether the piece was reused meanwhile (a reused
+// block changes its key first, so the header Read fails; a rewritten
+// piece has another generation or CRC).
+func (cc *cliConn) read(ctx context.Context, e *Entry, dst *gowarp.MR, dstOff, n int, off int64, progress func(done, total int64)) (int, error) {
+	if off < 0 || n < 0 || dstOff < 0 || dstOff > dst.Len() || n > dst.Len()-dstOff {
+		return 0, fmt.Errorf("%w: %d bytes at %d of a buffer of %d", ErrBadRequest, n, dstOff, dst.Len())
+	}
+	var eof error
+	if off >= e.Size {
+		return 0, io.EOF
+	}
+	if int64(n) > e.Size-off {
+		n, eof = int(e.Size-off), io.EOF
+	}
+	s, err := cc.acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if !cc.failed() {
+			cc.release(s)
+		}
+	}()
+	type check struct {
+		piece    int
+		whole    bool
+		dst, hdr int
+		n        int
+	}
+	var checks [maxPiecesPerCall]check
+	nc := 0
+	s.wrs, s.sges = s.wrs[:0], s.sges[:0]
+	pos, done := int64(0), 0
+	for i, a := range e.Addrs {
+		pstart, pend := pos, pos+int64(a.Len)
+		pos = pend
+		lo, hi := max(pstart, off), min(pend, off+int64(n))
+		if lo >= hi {
+			continue
+		}
+		if nc == maxPiecesPerCall {
+			return 0, fmt.Errorf("%w: more than %d pieces in one read", ErrTooLarge, maxPiecesPerCall)
+		}
+		k := int(hi - lo)
+		checks[nc] = check{piece: i, whole: lo == pstart && hi == pend, dst: dstOff + done, hdr: s.hdrOff + nc*HeaderLen, n: k}
+		nc++
+		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
+			RemoteAddr: a.Off + HeaderLen + uint64(lo-pstart), RKey: a.STag})
+		s.sges = append(s.sges, gowarp.SGE{MR: dst, Offset: dstOff + done, Length: k})
+		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
+			RemoteAddr: a.Off, RKey: a.STag})
+		s.sges = append(s.sges, gowarp.SGE{MR: cc.hdrMR, Offset: checks[nc-1].hdr, Length: HeaderLen})
+		done += k
+	}
+	for i := range s.wrs {
+		s.wrs[i].SGL = s.sges[i : i+1]
+	}
+	if len(s.wrs) == 0 {
+		return 0, eof
+	}
+	if _, err := cc.qp.PostSendList(s.wrs); err != nil {
+		cc.fail(err)
+		return 0, cc.lostErr()
+	}
+	got := int64(0)
+	for i := range len(s.wrs) {
+		if err := cc.wait(ctx, s, 1, true); err != nil {
+			return 0, err
+		}
+		if progress != nil && i%2 == 1 {
+			got += int64(checks[i/2].n)
+			progress(got, int64(n))
+		}
+	}
+	buf := dst.Bytes()
+	hb := cc.hdrMR.Bytes()
+	for _, ch := range checks[:nc] {
+		hdr := hb[ch.hdr : ch.hdr+HeaderLen]
+		if ch.whole && buf != nil {
+			if !verifyPiece(hdr, e.Gen, buf[ch.dst:ch.dst+ch.n]) {
+				return 0, fmt.Errorf("%w: piece %d of %q", ErrStale, ch.piece, e.Key)
+			}
+			continue
+		}
+		h, ok := parseHeader(hdr)
+		if !ok || h.Gen != e.Gen || h.Flags&hdrPending != 0 || h.Len != e.Addrs[ch.piece].Len {
+			return 0, fmt.Errorf("%w: piece %d of %q", ErrStale, ch.piece, e.Key)
+		}
+	}
+	return done, eof
+}
+
+// writeAt allocates room for the value, writes it with RDMA Write (and a
+// persistence flush if durable), then commits it.
+func (cc *cliConn) writeAt(ctx context.Context, key string, src *gowarp.MR, srcOff, n int, o PutOptions) error {
+	s, err := cc.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	s.gaveUp = false
+	defer func() {
+		if !s.gaveUp && !cc.failed() {
+			cc.release(s)
+		}
+	}()
+	if _, err := cc.callIn(ctx, s, &Msg{Op: OpAlloc, Key: []byte(key), Size: uint64(n)}, nil); err != nil {
+		return err
+	}
+	gen := s.reply.Gen
+	addrs := append([]Addr(nil), s.reply.Addrs...)
+	var sum uint64
+	for _, a := range addrs {
+		sum += uint64(a.Len)
+	}
+	if sum != uint64(n) || len(addrs) > maxPiecesPerCall {
+		cc.fail(fmt.Errorf("%w: %d bytes allocated in %d pieces for %d", ErrMalformed, sum, len(addrs), n))
+		return cc.lostErr()
+	}
+	s.wrs, s.sges = s.wrs[:0], s.sges[:0]
+	pos := srcOff
+	for _, a := range addrs {
+		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrWrite<<16 | uint64(s.i), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
+			RemoteAddr: a.Off + HeaderLen, RKey: a.STag})
+		s.sges = append(s.sges, gowarp.SGE{MR: src, Offset: pos, Length: int(a.Len)})
+		pos += int(a.Len)
+	}
+	for i := range s.wrs {
+		s.wrs[i].SGL = s.sges[i : i+1]
+	}
+	if _, err := cc.qp.PostSendList(s.wrs); err != nil {
+		cc.fail(err)
+		return cc.lostErr()
+	}
+	var fl uint8
+	nf := 0
+	if o.Durable {
+		fl = FlagDurable
+		for _, a := range addrs {
+			wr := gowarp.FlushWR{ID: wrFlush<<16 | uint64(s.i), Flags: gowarp.Signaled, Type: gowarp.FlushPersistence,
+				RKey: a.STag, RemoteAddr: a.Off + HeaderLen, Length: uint64(a.Len)}
+			if err := cc.qp.PostFlush(&wr); err != nil {
+				cc.fail(err)
+				return cc.lostErr()
+			}
+			nf++
+		}
+	}
+	done := int64(0)
+	for i := range len(addrs) + nf {
+		if err := cc.wait(ctx, s, 1, true); err != nil {
+			return err
+		}
+		if o.Progress != nil && i < len(addrs) {
+			done += int64(addrs[i].Len)
+			o.Progress(done, int64(n))
+		}
+	}
+	// The commit follows the Writes (and flushes) on the same queue pair:
+	// the server sees it only after they are placed.
+	_, err = cc.callIn(ctx, s, &Msg{Op: OpCommit, Flags: fl, Key: []byte(key), Gen: gen}, nil)
+	return err
+}

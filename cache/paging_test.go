@@ -1,0 +1,198 @@
+package cache_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/cache"
+)
+
+// TestPagingUnderBudget: 24 blocks of data under a budget of 3 blocks.
+// Every value reads back whole, by Get and by ReadAt (one-sided, which
+// needs the blocks in memory), while no more than the budget stays
+// resident.
+func TestPagingUnderBudget(t *testing.T) {
+	const bs = 64 << 10
+	addr, srv, _ := startServer(t, cache.ServerOptions{BlockSize: bs, Budget: 3 * bs})
+	c := dial(t, addr, cache.ClientOptions{})
+	ctx := ctxT(t)
+	var keys []string
+	vals := map[string][]byte{}
+	for i := range 48 { // two 30 KiB values a block
+		k := fmt.Sprintf("p%02d", i)
+		keys = append(keys, k)
+		vals[k] = value(uint64(i), 30<<10)
+		if err := c.Put(ctx, k, vals[k], cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst, _ := c.PD().Register(make([]byte, 30<<10), gowarp.LocalWrite)
+	for round := range 2 {
+		for _, k := range keys {
+			got, err := c.Get(ctx, k)
+			if err != nil || !bytes.Equal(got, vals[k]) {
+				t.Fatalf("round %d: get %s: %d bytes, %v", round, k, len(got), err)
+			}
+			n, err := c.ReadAt(ctx, k, dst, 0, len(vals[k]), 0)
+			if err != nil || !bytes.Equal(dst.Bytes()[:n], vals[k]) {
+				t.Fatalf("round %d: ReadAt %s: %d bytes, %v", round, k, n, err)
+			}
+			if st := srv.Stats(); st.Resident > 3 {
+				t.Fatalf("%d blocks resident, budget 3", st.Resident)
+			}
+		}
+	}
+	st := srv.Stats()
+	if st.Blocks < 24 || st.PageOuts < 20 {
+		t.Fatalf("stats %+v: expected 24 blocks and pages out", st)
+	}
+}
+
+// TestStaleAfterPaging: an entry whose block was paged out reads the
+// value from the block's file; one whose block was reused for other
+// values never reads other bytes: ReadEntry fails with ErrStale, and
+// ReadAt by key looks the key up again and reads the right value. The
+// server serves on for everyone.
+func TestStaleAfterPaging(t *testing.T) {
+	const bs = 64 << 10
+	addr, srv, _ := startServer(t, cache.ServerOptions{BlockSize: bs, Budget: 2 * bs})
+	c := dial(t, addr, cache.ClientOptions{})
+	other := dial(t, addr, cache.ClientOptions{})
+	ctx := ctxT(t)
+	v := value(1, 40<<10)
+	if err := c.Put(ctx, "a", v, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := c.Lookup(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := c.PD().Register(make([]byte, 40<<10), gowarp.LocalWrite)
+	if _, err := c.ReadEntry(ctx, e, dst, 0, len(v), 0); err != nil {
+		t.Fatal(err)
+	}
+	// Page "a" out: values in other blocks, looked up.
+	for i := range 4 {
+		k := fmt.Sprintf("f%d", i)
+		if err := other.Put(ctx, k, value(uint64(i+10), 40<<10), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Lookup(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := srv.Stats(); st.PageOuts == 0 || st.Resident > 2 {
+		t.Fatalf("stats %+v: no page-out", st)
+	}
+	clear(dst.Bytes())
+	if n, err := c.ReadEntry(ctx, e, dst, 0, len(v), 0); err != nil || !bytes.Equal(dst.Bytes()[:n], v) {
+		t.Fatalf("read through a paged-out block: %d bytes, %v", n, err)
+	}
+	if n, err := c.ReadAt(ctx, "a", dst, 0, len(v), 0); err != nil || !bytes.Equal(dst.Bytes()[:n], v) {
+		t.Fatalf("ReadAt after paging: %d bytes, %v", n, err)
+	}
+
+	// Reuse: "a" replaced, its block's other values deleted, the block
+	// filled again with other values.
+	e, err = c.Lookup(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put(ctx, "a", []byte("small now"), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		if err := other.Put(ctx, fmt.Sprintf("g%d", i), value(uint64(i+20), 40<<10), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 6 {
+		if _, err := other.Lookup(ctx, fmt.Sprintf("g%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.ReadEntry(ctx, e, dst, 0, len(v), 0); !errors.Is(err, cache.ErrStale) {
+		t.Fatalf("read through a reused block: %v, want ErrStale", err)
+	}
+	if n, err := c.ReadAt(ctx, "a", dst, 0, len(v), 0); err != io.EOF || string(dst.Bytes()[:n]) != "small now" {
+		t.Fatalf("ReadAt after reuse: %q, %v", dst.Bytes()[:n], err)
+	}
+	if got, err := c.Get(ctx, "a"); err != nil || string(got) != "small now" {
+		t.Fatalf("get a: %q, %v", got, err)
+	}
+	for i := range 6 {
+		k := fmt.Sprintf("g%d", i)
+		if got, err := other.Get(ctx, k); err != nil || !bytes.Equal(got, value(uint64(i+20), 40<<10)) {
+			t.Fatalf("get %s: %v", k, err)
+		}
+	}
+	if srv.Stats().Conns != 2 {
+		t.Fatalf("%d clients connected, want 2", srv.Stats().Conns)
+	}
+}
+
+// TestConcurrentClients: clients with several connections, many
+// goroutines each, putting, getting and reading their own keys and
+// shared ones, under a budget that pages.
+func TestConcurrentClients(t *testing.T) {
+	const bs = 64 << 10
+	addr, _, _ := startServer(t, cache.ServerOptions{BlockSize: bs, Budget: 4 * bs})
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	errc := make(chan error, 64)
+	for ci := range 3 {
+		c := dial(t, addr, cache.ClientOptions{Conns: 2, Slots: 8, Logger: testLog(t)})
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				dst, err := c.PD().Register(make([]byte, 64<<10), gowarp.LocalWrite)
+				if err != nil {
+					errc <- err
+					return
+				}
+				for i := range 30 {
+					k := fmt.Sprintf("c%d-%d-%d", ci, g, i%5)
+					v := value(uint64(ci*1000+g*100+i), []int{100, 3000, 20 << 10, 50 << 10}[i%4])
+					if err := c.Put(ctx, k, v, cache.PutOptions{Durable: i%7 == 0}); err != nil {
+						errc <- fmt.Errorf("put %s: %w", k, err)
+						return
+					}
+					got, err := c.Get(ctx, k)
+					if err != nil || !bytes.Equal(got, v) {
+						errc <- fmt.Errorf("get %s: %d bytes, %v", k, len(got), err)
+						return
+					}
+					n, err := c.ReadAt(ctx, k, dst, 0, len(v), 0)
+					if err != nil || !bytes.Equal(dst.Bytes()[:n], v) {
+						errc <- fmt.Errorf("ReadAt %s: %d bytes, %v", k, n, err)
+						return
+					}
+					// A shared key: any complete value of it is right.
+					sv := value(uint64(i%3), 10<<10)
+					if err := c.Put(ctx, "shared", sv, cache.PutOptions{}); err != nil {
+						errc <- err
+						return
+					}
+					if got, err := c.Get(ctx, "shared"); err != nil || len(got) != len(sv) {
+						errc <- fmt.Errorf("shared: %d bytes, %v", len(got), err)
+						return
+					} else if !bytes.Equal(got, value(0, 10<<10)) && !bytes.Equal(got, value(1, 10<<10)) && !bytes.Equal(got, value(2, 10<<10)) {
+						errc <- errors.New("shared: a value nobody put")
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+}
