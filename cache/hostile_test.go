@@ -40,7 +40,6 @@ type rawPeer struct {
 	ctx        context.Context
 	t          *testing.T
 	wc         [8]gowarp.Completion
-	replies    []Msg
 }
 
 func dialRaw(t *testing.T, addr string, pd []byte) *rawPeer {
