@@ -45,17 +45,22 @@ func cacheAddr() string {
 }
 
 func runCache(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprint(stderr, cacheUsage)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-			return exitOK
-		}
-		return exitUsage
+	sub := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
 	}
-	sub, args := args[0], args[1:]
 	fs := newFlagSet("cache "+sub, cacheUsage, stderr)
 	addr := fs.String("addr", cacheAddr(), "the server's `host:port`")
 	timeout := fs.Duration("timeout", time.Minute, "deadline of a client command")
+	if sub == "" {
+		// No subcommand: -h, or a usage error.
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		} else if err == nil {
+			fs.Usage()
+		}
+		return exitUsage
+	}
 	switch sub {
 	case "serve":
 		return cacheServe(ctx, fs, addr, args, stderr)
