@@ -370,3 +370,25 @@ func (l *fdLink) MSS() int {
 
 func (l *fdLink) Close() error   { return l.c.Close() }
 func (l *fdLink) Conn() net.Conn { return l.c }
+
+// Aborted reports whether the connection ended without the peer's FIN
+// and with no error left to report: TCP aborted it (its retransmissions
+// or keepalive probes went unanswered for the link timeout, or a reset
+// came) and a write on the socket took the error, so a read sees only
+// end-of-file. A FIN leaves the socket in CLOSE_WAIT; a FIN and then a
+// reset leave the reset's error in SO_ERROR. Cold path: it runs at EOF.
+func (l *fdLink) Aborted() bool {
+	state, soerr := uint8(0), -1
+	_ = l.rc.Control(func(fd uintptr) {
+		if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			state = ti.State
+		}
+		if state == tcpClose {
+			soerr, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		}
+	})
+	return state == tcpClose && soerr == 0
+}
+
+// tcpClose is TCP_CLOSE of the kernel's TCP states (include/net/tcp_states.h).
+const tcpClose = 7

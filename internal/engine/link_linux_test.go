@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -97,4 +98,68 @@ func TestReadIdle(t *testing.T) {
 		t.Fatalf("closed peer: read %d, %v; want an error", n, err)
 	}
 	_ = buf
+}
+
+// TestAbortedAfterErrorTaken: a connection TCP aborts (its peer keeps the
+// window shut past TCP_USER_TIMEOUT) reads as end-of-file once a write
+// took the error TCP recorded; Aborted tells that from the peer's FIN,
+// whether the FIN came alone or a reset followed it.
+func TestAbortedAfterErrorTaken(t *testing.T) {
+	a, b := tcpPair(t)
+	ra, _ := a.(*net.TCPConn).SyscallConn()
+	ra.Control(func(fd uintptr) {
+		unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 300)
+	})
+	b.(*net.TCPConn).SetReadBuffer(4096)
+	a.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+	chunk := make([]byte, 64<<10)
+	for { // fill b's window and a's buffer: b never reads
+		if _, err := a.Write(chunk); err != nil {
+			break
+		}
+	}
+	l := NewLink(a).(*fdLink)
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		var state uint8
+		ra.Control(func(fd uintptr) {
+			if ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				state = ti.State
+			}
+		})
+		if state == tcpClose {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("TCP did not abort the connection whose peer kept its window shut")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	a.SetWriteDeadline(time.Time{})
+	if _, err := a.Write([]byte{1}); !errors.Is(err, unix.ETIMEDOUT) { // the writer takes the error
+		t.Fatalf("write after the abort: %v, want ETIMEDOUT", err)
+	}
+	if n, err := l.Readv([][]byte{make([]byte, 16)}); !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the error was taken: %d, %v; want EOF", n, err)
+	}
+	if !l.Aborted() {
+		t.Error("Aborted false for a connection TCP aborted")
+	}
+
+	c, d := tcpPair(t) // the peer's FIN
+	d.Close()
+	lc := NewLink(c).(*fdLink)
+	if _, err := lc.Readv([][]byte{make([]byte, 16)}); !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the peer's FIN: %v, want EOF", err)
+	}
+	if lc.Aborted() {
+		t.Error("Aborted true after the peer's FIN")
+	}
+	c.Write([]byte("after the FIN")) // the closed peer answers with a reset
+	time.Sleep(50 * time.Millisecond)
+	if _, err := lc.Readv([][]byte{make([]byte, 16)}); !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the FIN and a reset: %v, want EOF", err)
+	}
+	if lc.Aborted() {
+		t.Error("Aborted true after the peer's FIN and a reset")
+	}
 }

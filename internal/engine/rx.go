@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -174,6 +175,21 @@ func (q *QP) rxFailed(err error) {
 		q.log.Debug("gowarp: peer sent Terminate", "err", err)
 		q.peerTerminated(pt)
 	case errors.Is(err, io.EOF):
+		if a, ok := q.link.(aborter); ok && a.Aborted() {
+			// TCP ended the connection itself (it timed out, or was
+			// reset) and a write took the error it recorded: the read
+			// then sees only the end. The writer fails the queue pair
+			// with that error in a moment; this read must not overtake
+			// it with "peer closed".
+			t := time.NewTimer(abortWait)
+			select {
+			case <-q.failed:
+			case <-t.C:
+				q.fail(linkErr(syscall.ECONNABORTED))
+			}
+			t.Stop()
+			break
+		}
 		q.fail(ErrPeerClosed)
 	case errors.Is(err, net.ErrClosed):
 		q.fail(ErrClosed)
@@ -181,6 +197,18 @@ func (q *QP) rxFailed(err error) {
 		q.fail(linkErr(err))
 	}
 }
+
+// aborter is a Link that can tell, at end-of-file, whether the
+// connection ended without the peer's FIN.
+type aborter interface {
+	// Aborted reports whether TCP ended the connection (a timeout, a
+	// reset) and the error it recorded for it was already taken.
+	Aborted() bool
+}
+
+// abortWait bounds how long a read that met an aborted connection waits
+// for the write that took its error to fail the queue pair with it.
+const abortWait = time.Second
 
 // receiveInline runs the receive path on the calling goroutine, blocking
 // on the socket, until done reports true or ctx is done. It is how a

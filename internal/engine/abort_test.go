@@ -1,0 +1,88 @@
+package engine
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp/internal/mem"
+)
+
+// abortLink stands for a TCP connection that TCP aborts while a write
+// waits on it: once abort is closed, reads see end-of-file at once, and
+// the blocked write returns the abort's error a little later (it took
+// the error, as the kernel gives it to one system call only).
+type abortLink struct {
+	streamLink
+	abort     chan struct{}
+	writeLate time.Duration
+	once      sync.Once
+}
+
+func (l *abortLink) Readv([][]byte) (int, error) {
+	<-l.abort
+	return 0, io.EOF
+}
+
+func (l *abortLink) Writev(_ [][]byte, _ []int, block bool) (int, error) {
+	if !block {
+		return 0, errWouldBlock
+	}
+	<-l.abort
+	time.Sleep(l.writeLate)
+	return 0, syscall.ETIMEDOUT
+}
+
+func (l *abortLink) Aborted() bool {
+	select {
+	case <-l.abort:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l *abortLink) Close() error {
+	l.once.Do(func() { l.c.Close() })
+	return nil
+}
+
+// TestAbortedConnectionSaysWhy: when TCP aborts a connection under a
+// blocked write, the read sees end-of-file first and the write the error;
+// the queue pair fails with the write's ErrLinkTimeout, not with the
+// read's ErrPeerClosed (TestLinkTimeoutWindowClosed saw ErrPeerClosed in
+// 1 run of 5 under load).
+func TestAbortedConnectionSaysWhy(t *testing.T) {
+	table := mem.NewTable()
+	cq := NewCQ(64)
+	q, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := net.Pipe()
+	l := &abortLink{streamLink: streamLink{c: c}, abort: make(chan struct{}), writeLate: 20 * time.Millisecond}
+	if err := q.Start(l, Params{IRD: 4, ORD: 4}); err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	buf := make([]byte, 4096)
+	src, err := table.Register(1, [][]byte{buf}, 0, mem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := SendWR{ID: 1, Op: OpWrite, Flags: Signaled, SGL: []SGE{{MR: src, Length: len(buf)}}, RKey: 0x100}
+	if err := q.PostSend(&wr); err != nil {
+		t.Fatal(err)
+	}
+	close(l.abort)
+	if c := next(t, cq); c.Status != WRFlushError {
+		t.Errorf("Write completed %v, want flushed", c.Status)
+	}
+	if err := q.Err(); !errors.Is(err, ErrLinkTimeout) {
+		t.Errorf("Err %v, want ErrLinkTimeout (the write's), not the read's end-of-file", err)
+	}
+}
