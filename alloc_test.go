@@ -11,12 +11,18 @@ import (
 // completing Writes, Reads and Sends, signaled or not, allocates nothing in
 // steady state, on either side of the connection; and so do RFC 7306's
 // Writes and Sends with immediate data and atomics.
-func TestHotPathAllocs(t *testing.T) {
+func TestHotPathAllocs(t *testing.T) { hotPathAllocs(t, gowarp.ConnectOptions{}) }
+
+// hotPathAllocs is TestHotPathAllocs over connections made with o, with
+// CRC off and on.
+func hotPathAllocs(t *testing.T, o gowarp.ConnectOptions) {
 	if testing.Short() {
 		t.Skip("allocation counts are meaningless under -short")
 	}
 	for _, crc := range []bool{false, true} {
-		p := newPair(t, gowarp.ConnectOptions{CRC: crc, Extensions: true})
+		o.CRC, o.Extensions = crc, true
+		p := newPair(t, o)
+		wantTransport(t, p, o)
 		src, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
 		dst, _ := p.reg(t, 256<<10, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite|gowarp.RemoteAtomic)
 		recv, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
@@ -90,10 +96,15 @@ func TestHotPathAllocs(t *testing.T) {
 // per doorbell) and waiting for a one-sided Write with QP.Progress
 // allocate nothing either.
 func TestPreparedAndProgressAllocs(t *testing.T) {
+	preparedAndProgressAllocs(t, gowarp.ConnectOptions{})
+}
+
+func preparedAndProgressAllocs(t *testing.T, o gowarp.ConnectOptions) {
 	if testing.Short() {
 		t.Skip("allocation counts are meaningless under -short")
 	}
-	p := newPair(t, gowarp.ConnectOptions{})
+	p := newPair(t, o)
+	wantTransport(t, p, o)
 	src, _ := p.reg(t, 4096, 0)
 	dst, _ := p.reg(t, 4096, gowarp.RemoteWrite)
 	ctx := context.Background()

@@ -143,6 +143,24 @@ type ConnectOptions struct {
 	// such peers when connecting: their applications would see the
 	// initiator's block at the end of the private data.
 	Extensions bool
+	// SharedMemory asks for a same-host shared-memory link (see
+	// docs/shm.md): between two gowarp peers on one host, RDMA traffic
+	// then moves through a ring per direction in a file both map, at
+	// memory speed, instead of through the loopback TCP stack. Connect
+	// offers it, in a 64-byte block at the end of the MPA private data
+	// (PrivateData may then be 64 bytes shorter), only where the peer's
+	// address is this host's (loopback or a local address) and only over
+	// a TCP connection; Accept takes an offer only when its options set
+	// it too. Neither application sees the blocks, and any other peer
+	// (siw, rdma-core's tools) gets the TCP stream as without it. The TCP
+	// connection stays open beside the rings: a peer that closes or dies
+	// ends the queue pair through it, as over TCP. QP.Transport says
+	// which link a queue pair got.
+	SharedMemory bool
+	// SharedMemoryRing is the bytes of each direction's ring that Connect
+	// offers (the responder follows): 0 means 4 MiB; others are rounded
+	// up to a power of two from 64 KiB to 64 MiB.
+	SharedMemoryRing int
 }
 
 // DefaultLinkTimeout is the LinkTimeout of ConnectOptions' zero value.
@@ -280,6 +298,11 @@ func (r *ConnRequest) ReadLimits() (ird, ord int, ok bool) { return r.r.ReadLimi
 // extensions (ConnectOptions.Extensions); accept with Extensions set to
 // turn them on.
 func (r *ConnRequest) OffersExtensions() bool { return r.r.OffersExt() }
+
+// OffersSharedMemory reports whether the connecting peer offered a
+// shared-memory link (ConnectOptions.SharedMemory); accept with
+// SharedMemory set to take it.
+func (r *ConnRequest) OffersSharedMemory() bool { return r.r.OffersShm() }
 
 // RemoteAddr returns the connecting peer's address.
 func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }

@@ -57,6 +57,12 @@ type Options struct {
 	// exchange on (see SetLinkTimeout): 0 for DefaultLinkTimeout, negative
 	// for no bound of gowarp's.
 	LinkTimeout time.Duration
+	// Shm offers a same-host shared-memory link (see shm.go): an
+	// initiator to a peer on this host adds its offer, a responder takes
+	// one it received. ShmRing is the bytes of each direction's ring an
+	// initiator offers (0: ShmDefaultRing).
+	Shm     bool
+	ShmRing int
 }
 
 func (o *Options) defaults() {
@@ -87,6 +93,9 @@ func (o *Options) check() error {
 	if o.Ext {
 		max -= extBlockLen
 	}
+	if o.Shm {
+		max -= shmBlockLen
+	}
 	if len(o.PrivateData) > max {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPrivateDataLong, len(o.PrivateData), max)
 	}
@@ -104,6 +113,11 @@ type Result struct {
 	// Ext: both sides offered RFC 7306's extensions, which may then be
 	// sent and are taken; without it neither is.
 	Ext bool
+	// Shm is the shared-memory link both sides took, nil for none; the
+	// caller owns it (and must Unmap it if it does not use it). ShmErr
+	// says why an offer made or received was not taken, if it was not.
+	Shm    *SharedMemory
+	ShmErr error
 }
 
 // replyTimeout bounds the exchange of an initiator or of an accepting
@@ -160,7 +174,7 @@ func writeFrame(c net.Conn, f *wire.MPAFrame) error {
 
 // Initiate runs the initiator's side on a connected socket: it sends the
 // request and reads the reply.
-func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
+func Initiate(ctx context.Context, c net.Conn, o Options) (res Result, err error) {
 	o.defaults()
 	if err := o.check(); err != nil {
 		return Result{}, err
@@ -171,6 +185,15 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
 	if o.Ext {
 		req.PrivateData = appendExt(o.PrivateData)
+	}
+	offer, shmErr := offerShm(c, &o)
+	if offer != nil {
+		req.PrivateData = appendShm(req.PrivateData, &offer.blk)
+		defer func() {
+			if res.Shm == nil {
+				offer.discard()
+			}
+		}()
 	}
 	if o.Revision == 2 {
 		req.Enhanced = true
@@ -187,6 +210,9 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 		return Result{}, ctxErr(ctx, err)
 	}
 	rep, err := readFrame(c)
+	if offer != nil {
+		offer.unlink() // mapped by both sides, or never to be
+	}
 	if err != nil {
 		return Result{}, ctxErr(ctx, err)
 	}
@@ -202,10 +228,15 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 	case o.Revision == 2 && !rep.Enhanced:
 		return Result{}, fmt.Errorf("%w: revision 2 reply without IRD/ORD", ErrProtocol)
 	}
-	r := Result{Revision: o.Revision, CRC: o.CRC || rep.CRC, IRD: o.ird(), ORD: o.ord(), PrivateData: rep.PrivateData}
+	r := Result{Revision: o.Revision, CRC: o.CRC || rep.CRC, IRD: o.ird(), ORD: o.ord(), PrivateData: rep.PrivateData, ShmErr: shmErr}
+	var shm *SharedMemory
+	if offer != nil {
+		// Taken only by a responder that wrote its token into our file.
+		r.PrivateData, shm, r.ShmErr = answerShm(r.PrivateData, offer)
+	}
 	if o.Ext {
 		// Only a responder that saw our offer answers with its own.
-		r.PrivateData, r.Ext = cutExt(rep.PrivateData)
+		r.PrivateData, r.Ext = cutExt(r.PrivateData)
 	}
 	if rep.Enhanced {
 		// The responder's ORD is how many Reads it may send us: our IRD
@@ -233,6 +264,7 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (Result, error) {
 			}
 		}
 	}
+	r.Shm = shm
 	return r, nil
 }
 
@@ -258,6 +290,10 @@ type Request struct {
 	Frame wire.MPAFrame // its private data without the offer block
 	// ext: the initiator offered RFC 7306's extensions.
 	ext bool
+	// shm is the initiator's shared-memory offer, if it made one, and
+	// shmErr why it is refused at once (malformed).
+	shm    *shmBlock
+	shmErr error
 }
 
 // OffersExt reports whether the initiator offered RFC 7306's extensions.
@@ -304,7 +340,11 @@ func readRequest(ctx context.Context, c net.Conn) (*Request, error) {
 		return nil, fmt.Errorf("%w: a reply where the request was due", ErrProtocol)
 	}
 	req := &Request{c: c, Frame: f}
-	req.Frame.PrivateData, req.ext = cutExt(f.PrivateData)
+	pd, blk, offered, err := cutShm(f.PrivateData)
+	if offered {
+		req.shm, req.shmErr = &blk, err
+	}
+	req.Frame.PrivateData, req.ext = cutExt(pd)
 	switch {
 	case f.Markers:
 		req.reject(nil, f.Revision)
@@ -319,6 +359,7 @@ func readRequest(ctx context.Context, c net.Conn) (*Request, error) {
 func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	o.Revision = int(r.Frame.Revision)
 	o.Ext = o.Ext && r.ext // no block for an initiator that offered none
+	o.Shm = o.Shm && r.shm != nil
 	o.defaults()
 	if err := o.check(); err != nil {
 		return Result{}, err
@@ -331,6 +372,13 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	if o.Ext && r.ext {
 		// Never to an initiator that did not offer: it may not know them.
 		rep.PrivateData, res.Ext = appendExt(o.PrivateData), true
+	}
+	if o.Shm {
+		var ans *shmBlock
+		res.Shm, ans, res.ShmErr = r.takeShm()
+		if ans != nil {
+			rep.PrivateData = appendShm(rep.PrivateData, ans)
+		}
 	}
 	if f.Enhanced && f.Revision == 2 {
 		// siw's relaxed rule: our ORD is capped by the initiator's IRD, and
@@ -353,6 +401,7 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	if err := writeFrame(r.c, &rep); err != nil {
+		res.Shm.Unmap()
 		return Result{}, ctxErr(ctx, err)
 	}
 	return res, nil

@@ -31,6 +31,9 @@ type ConnectOptions struct {
 	NudgeEvery  time.Duration
 	LinkTimeout time.Duration
 	Extensions  bool
+	// SharedMemory and SharedMemoryRing: see link_shm.go.
+	SharedMemory     bool
+	SharedMemoryRing int
 }
 
 // NoReads as ConnectOptions.IRD or ORD asks for none: IRD 0 serves no
@@ -43,7 +46,7 @@ const NoReads = -1
 const nudgeTicks = 20
 
 func (o *ConnectOptions) cm() cm.Options {
-	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout, Ext: o.Extensions}
+	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout, Ext: o.Extensions, Shm: o.SharedMemory, ShmRing: o.SharedMemoryRing}
 }
 
 // Connect connects an idle queue pair to a listening peer at addr
@@ -180,8 +183,9 @@ func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions, initiator bool) e
 	if initiator && !o.NoNudge {
 		p.Nudge = cmp.Or(o.NudgeEvery, 200*time.Millisecond)
 	}
-	if err := q.Start(NewLink(c), p); err != nil {
+	if err := q.Start(q.newLink(c, &r, o), p); err != nil {
 		c.Close()
+		r.Shm.Unmap()
 		return err
 	}
 	return nil

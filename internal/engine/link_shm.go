@@ -1,0 +1,417 @@
+//go:build linux
+
+package engine
+
+import (
+	"errors"
+	"net"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/gowarp/gowarp/internal/cm"
+	"golang.org/x/sys/unix"
+)
+
+// shmLink is the Link between two gowarp peers on one host: a byte ring
+// per direction in a file both have mapped (negotiated by cm, shm.go),
+// each with one writer and one reader, so the stream costs one copy in
+// and one copy out and no system call while both sides are busy. The
+// protocol above it is the same as over TCP: the receive core asks for
+// bytes where it wants them (the target region for payload) and Readv
+// copies them there out of the ring; Writev copies the transmit path's
+// vectors (headers, payload straight from registered memory) in.
+//
+// The TCP connection stays open beside it. It is the liveness channel: a
+// peer that closes or dies (the kernel closes its socket) gives FIN or
+// RST, which a reader waiting on it sees. And it is the reader's
+// doorbell: a reader that found its ring empty for shmSpin sets its
+// waiting word and blocks in the socket's read (the netpoller: no thread,
+// no CPU); a writer that publishes bytes and finds the word set clears
+// it and sends one byte. So the engine's own doorbell, a read deadline
+// set in the past (QP.ring), and Close stop a waiting reader as they
+// stop a TCP read; Conn returns the connection wrapped so that a
+// deadline also reaches a reader still spinning. A writer that finds its
+// ring full (the peer's reader is behind) spins, then sleeps on a futex
+// on the ring's tail, which the reader wakes when it frees space and
+// sees the writer's word set; Close and a deadline wake it too.
+type shmLink struct {
+	c    net.Conn
+	conn shmConn
+	m    *cm.SharedMemory
+	tx   shmRing // written here
+	rx   shmRing // read here
+	// refs counts the calls inside (Readv, Writev, Unacked, Close), with
+	// shmClosed set from Close on: the last one out unmaps.
+	refs atomic.Int64
+	// rdl and wdl are the connection's read and write deadlines, in Unix
+	// nanoseconds (0: none), for the calls that spin.
+	rdl, wdl atomic.Int64
+	// rxErr is what ended the connection (EOF, a reset), seen by the
+	// reader: it reports it once the ring is empty.
+	rxErr error
+	// full bounds how long the ring may stay full with the peer reading
+	// nothing (the link timeout): a peer that stopped fails the QP as a
+	// TCP window closed that long does.
+	full time.Duration
+	bell [1]byte
+	sink [64]byte
+	ts   unix.Timespec
+}
+
+// shmRing is one direction's ring: its counters in the shared file's
+// page for it, each on cache lines of its own, and its bytes.
+type shmRing struct {
+	head  *atomic.Uint64 // bytes ever written; the writer's line
+	tail  *atomic.Uint64 // bytes ever read; the reader's line
+	rwait *atomic.Uint32 // the reader sleeps on the connection
+	wwait *atomic.Uint32 // the writer sleeps on tail's futex
+	data  []byte
+	mask  uint64
+	race  unsafe.Pointer // the race detector's stand-in for the head (link_shm_race.go)
+}
+
+const (
+	shmClosed = 1 << 62
+	// shmSpin is how long a reader or a blocked writer polls its ring
+	// before it sleeps: about a round trip of the peer's work, so that a
+	// ping-pong stays on the memory, short enough to cost little CPU
+	// on a busy host.
+	shmSpin = 30 * time.Microsecond
+	// shmStagedMax bounds a read into the staging buffer (one vector,
+	// not the payload's place): the core parses a header from it and
+	// asks for the payload's rest in place, copied once, rather than
+	// through the staging buffer, copied twice.
+	shmStagedMax = 2048
+	// shmPublish is how many bytes a writer copies between two updates
+	// of the head, so the reader starts on a large batch early.
+	shmPublish = 64 << 10
+	// shmFullPoll is the longest a blocked writer sleeps before it looks
+	// at the clock for the link timeout.
+	shmFullPoll = 50 * time.Millisecond
+
+	futexWait = 0 // FUTEX_WAIT without FUTEX_PRIVATE_FLAG: across processes
+	futexWake = 1
+)
+
+func newShmRing(ctrl, data []byte) shmRing {
+	p := unsafe.Pointer(&ctrl[0])
+	return shmRing{
+		head:  (*atomic.Uint64)(p),
+		tail:  (*atomic.Uint64)(unsafe.Add(p, 128)),
+		rwait: (*atomic.Uint32)(unsafe.Add(p, 256)),
+		wwait: (*atomic.Uint32)(unsafe.Add(p, 384)),
+		data:  data,
+		mask:  uint64(len(data) - 1),
+	}
+}
+
+// newShmLink returns the link over m, with c as its liveness channel and
+// doorbell; full is the link timeout (negative: none).
+func newShmLink(c net.Conn, m *cm.SharedMemory, full time.Duration) Link {
+	l := &shmLink{c: c, m: m, full: full}
+	l.conn = shmConn{Conn: c, l: l}
+	in, out := newShmRing(m.Ctrl(0), m.Data(0)), newShmRing(m.Ctrl(1), m.Data(1))
+	in.race, out.race = shmRaceAddr(m.ID(), 0), shmRaceAddr(m.ID(), 1)
+	l.tx, l.rx = in, out
+	if !m.Initiator {
+		l.tx, l.rx = out, in
+	}
+	return l
+}
+
+// enter takes a reference for a call, false once closed.
+func (l *shmLink) enter() bool {
+	for {
+		s := l.refs.Load()
+		if s&shmClosed != 0 {
+			return false
+		}
+		if l.refs.CompareAndSwap(s, s+1) {
+			return true
+		}
+	}
+}
+
+// exit drops a call's reference; the last after Close unmaps the file.
+func (l *shmLink) exit() {
+	if l.refs.Add(-1) == shmClosed {
+		l.m.Unmap()
+	}
+}
+
+// past reports whether deadline dl (Unix nanoseconds, 0 for none) has
+// passed.
+func past(dl int64) bool { return dl != 0 && time.Now().UnixNano() >= dl }
+
+func (l *shmLink) Readv(bufs [][]byte) (int, error) {
+	if !l.enter() {
+		return 0, net.ErrClosed
+	}
+	defer l.exit()
+	r := &l.rx
+	limit := -1
+	if len(bufs) == 1 {
+		limit = shmStagedMax
+	}
+	var spinStart time.Time
+	for i := 0; ; i++ {
+		if past(l.rdl.Load()) {
+			return 0, os.ErrDeadlineExceeded
+		}
+		t := r.tail.Load()
+		if avail := r.head.Load() - t; avail > 0 {
+			if limit > 0 {
+				avail = min(avail, uint64(limit))
+			}
+			shmAcquire(r.race)
+			n := r.copyOut(bufs, t, int(avail))
+			if n == 0 {
+				return 0, nil
+			}
+			r.tail.Store(t + uint64(n))
+			if r.wwait.Load() != 0 && r.wwait.CompareAndSwap(1, 0) {
+				futex(r.tail, futexWake, 1<<30, nil)
+			}
+			return n, nil
+		}
+		if l.rxErr != nil {
+			return 0, l.rxErr
+		}
+		if l.refs.Load()&shmClosed != 0 {
+			return 0, net.ErrClosed
+		}
+		if i == 0 {
+			spinStart = time.Now()
+		}
+		if i&63 != 63 || time.Since(spinStart) < shmSpin {
+			if i&15 == 15 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		// Sleep on the connection until the writer rings (a byte), the
+		// peer goes (EOF, a reset), a deadline passes or Close.
+		r.rwait.Store(1)
+		if r.head.Load() != t {
+			r.rwait.Store(0)
+			continue
+		}
+		_, err := l.c.Read(l.sink[:])
+		r.rwait.Store(0)
+		i = -1
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
+				return 0, err
+			}
+			// The peer's bytes written before it went are read first.
+			l.rxErr = err
+		}
+	}
+}
+
+// copyOut copies up to n bytes from the ring at t into bufs and returns
+// how many.
+func (r *shmRing) copyOut(bufs [][]byte, t uint64, n int) int {
+	done := 0
+	for _, b := range bufs {
+		for len(b) > 0 && done < n {
+			off := (t + uint64(done)) & r.mask
+			k := copy(b[:min(len(b), n-done)], r.data[off:])
+			b = b[k:]
+			done += k
+		}
+		if done == n {
+			break
+		}
+	}
+	return done
+}
+
+// copyIn copies bufs into the ring at h, up to free bytes, publishing
+// the head every shmPublish bytes; it returns the bytes copied.
+func (l *shmLink) copyIn(bufs [][]byte, h uint64, free int) int {
+	r := &l.tx
+	done, published := 0, 0
+	for _, b := range bufs {
+		for len(b) > 0 && done < free {
+			off := (h + uint64(done)) & r.mask
+			k := copy(r.data[off:], b[:min(len(b), free-done)])
+			b = b[k:]
+			done += k
+			if done-published >= shmPublish {
+				published = done
+				l.publish(h + uint64(done))
+			}
+		}
+		if done == free {
+			break
+		}
+	}
+	if done > published {
+		l.publish(h + uint64(done))
+	}
+	return done
+}
+
+// publish moves the head to h and rings a reader that sleeps.
+func (l *shmLink) publish(h uint64) {
+	r := &l.tx
+	shmRelease(r.race)
+	r.head.Store(h)
+	if r.rwait.Load() != 0 && r.rwait.CompareAndSwap(1, 0) {
+		// Best effort: a peer that is gone shows on the read side.
+		l.c.Write(l.bell[:])
+	}
+}
+
+func (l *shmLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
+	if !l.enter() {
+		return 0, net.ErrClosed
+	}
+	defer l.exit()
+	r := &l.tx
+	h := r.head.Load() // only this side moves it
+	size := uint64(len(r.data))
+	var spinStart, fullSince time.Time
+	for i := 0; ; i++ {
+		if past(l.wdl.Load()) {
+			return 0, os.ErrDeadlineExceeded
+		}
+		t := r.tail.Load()
+		if free := size - (h - t); free > 0 {
+			n := l.copyIn(bufs, h, int(free))
+			if n == 0 {
+				return 0, nil
+			}
+			return n, nil
+		}
+		if !block {
+			return 0, errWouldBlock
+		}
+		if l.refs.Load()&shmClosed != 0 {
+			return 0, net.ErrClosed
+		}
+		if i == 0 {
+			spinStart = time.Now()
+		}
+		if time.Since(spinStart) < shmSpin {
+			if i&15 == 15 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		// Sleep until the reader frees space (it wakes the futex on the
+		// tail when it sees wwait), Close or a deadline (which wake it
+		// here), or shmFullPoll, to look at the link timeout.
+		if fullSince.IsZero() {
+			fullSince = time.Now()
+		} else if l.full > 0 && time.Since(fullSince) > l.full {
+			return 0, syscall.ETIMEDOUT
+		}
+		r.wwait.Store(1)
+		if r.tail.Load() == t {
+			l.ts = unix.NsecToTimespec(int64(shmFullPoll))
+			futex(r.tail, futexWait, uint32(t), &l.ts)
+		}
+		r.wwait.Store(0)
+		if r.tail.Load() != t {
+			fullSince = time.Time{}
+		}
+	}
+}
+
+// futex calls futex(2) on the low 32 bits of w (little-endian: the
+// word at its address; on a big-endian machine the high ones, which
+// change as rarely: a wait then ends at its timeout).
+func futex(w *atomic.Uint64, op int, val uint32, ts *unix.Timespec) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
+}
+
+// Unacked returns the bytes written to the ring that the peer has not
+// read yet: the acknowledgement of this link is the peer's read.
+func (l *shmLink) Unacked() (int, error) {
+	if !l.enter() {
+		return 0, net.ErrClosed
+	}
+	defer l.exit()
+	return int(l.tx.head.Load() - l.tx.tail.Load()), nil
+}
+
+// MSS is 0: there are no segments, and full FPDUs are 64 KiB (see
+// txState.init) unless MaxFPDU says otherwise.
+func (l *shmLink) MSS() int { return 0 }
+
+// Close closes the connection (the peer's reader sees it) and wakes this
+// side's calls; the last of them unmaps the file.
+func (l *shmLink) Close() error {
+	for {
+		s := l.refs.Load()
+		if s&shmClosed != 0 {
+			return l.c.Close()
+		}
+		if l.refs.CompareAndSwap(s, (s+1)|shmClosed) {
+			break
+		}
+	}
+	err := l.c.Close()
+	futex(l.tx.tail, futexWake, 1<<30, nil)
+	l.exit()
+	return err
+}
+
+func (l *shmLink) Conn() net.Conn { return &l.conn }
+
+// wakeWriter wakes this side's writer, if it sleeps, to look at its
+// deadline.
+func (l *shmLink) wakeWriter() {
+	if l.enter() {
+		futex(l.tx.tail, futexWake, 1<<30, nil)
+		l.exit()
+	}
+}
+
+// shmConn is the connection under a shmLink: its deadlines reach the
+// link's calls that spin or sleep on the ring as well as its reads.
+type shmConn struct {
+	net.Conn
+	l *shmLink
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return max(t.UnixNano(), 1)
+}
+
+func (c *shmConn) SetDeadline(t time.Time) error {
+	c.l.rdl.Store(unixNano(t))
+	c.l.wdl.Store(unixNano(t))
+	c.l.wakeWriter()
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *shmConn) SetReadDeadline(t time.Time) error {
+	c.l.rdl.Store(unixNano(t))
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *shmConn) SetWriteDeadline(t time.Time) error {
+	c.l.wdl.Store(unixNano(t))
+	c.l.wakeWriter()
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// CloseWrite half-closes the connection (after a Terminate: see
+// QP.closeAfterTerm); the peer's reader takes it as the end, after the
+// ring's bytes.
+func (c *shmConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
