@@ -112,8 +112,9 @@ func (p *proc) output() string {
 // test if still running.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	path := bin(t, name) // first: on a busy machine the build alone took over a minute
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	p := &proc{cmd: exec.CommandContext(ctx, bin(t, name), args...), done: make(chan struct{})}
+	p := &proc{cmd: exec.CommandContext(ctx, path, args...), done: make(chan struct{})}
 	r, w := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	if err := p.cmd.Start(); err != nil {
