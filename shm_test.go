@@ -330,3 +330,29 @@ func wantTransport(t *testing.T, p *pair, o gowarp.ConnectOptions) {
 		t.Fatalf("transports %v and %v, want %v", p.a.Transport(), p.b.Transport(), want)
 	}
 }
+
+// TestAdapterSharedMemoryTerminate: a Write to an STag the peer does not
+// have is answered with a Terminate through the ring, as over TCP: the
+// requester's queue pair fails with the peer's reason and its work is
+// flushed, the peer's with its own.
+func TestAdapterSharedMemoryTerminate(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{SharedMemory: true})
+	src, _ := p.reg(t, 4096, gowarp.LocalWrite)
+	if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 4096}}, RemoteAddr: 0, RKey: 0x1234500}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: 0, RKey: 0x1234500}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, p.acq); c.ID != 2 || c.Err() == nil {
+		t.Fatalf("completion %+v, want the Read failed", c)
+	}
+	waitState(t, p.a, gowarp.StateError)
+	if err := p.a.Err(); !errors.Is(err, gowarp.ErrPeerTerminated) || !errors.Is(err, wire.ErrDDPInvalidSTag) {
+		t.Fatalf("requester's error %v, want the peer's Terminate for an invalid STag", err)
+	}
+	waitState(t, p.b, gowarp.StateError)
+	if err := p.b.Err(); !errors.Is(err, gowarp.ErrTerminated) {
+		t.Fatalf("responder's error %v, want ErrTerminated", err)
+	}
+}

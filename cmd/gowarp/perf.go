@@ -95,6 +95,8 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 		}
 		return nil
 	})
+	fs.BoolVar(&c.conn.SharedMemory, "shm", false, "offer a same-host shared-memory link (the server takes it whenever offered; the JSON's\ntransport says which link each run got); tcp_bw and tcp_lat stay plain TCP")
+	fs.Var((*sizeFlag)(&c.conn.SharedMemoryRing), "shm-ring", "with -shm, the `bytes` of each direction's ring (K and M suffixes allowed; a power of two\nfrom 64K to 64M; default 4M)")
 	fs.IntVar(&c.conn.MaxFPDU, "fpdu", 0, "size of full FPDUs on the wire in `bytes` (0: the TCP segment)")
 	c.conn.Poll = defaultPoll
 	fs.Func("cq", "how to wait for completions: poll (busy Poll with runtime.Gosched) or wait (cq.Wait) (default "+waitName(defaultPoll)+");\nwrite_lat watches MR.Placed, sleeping 1µs between looks, either way", func(s string) error {
@@ -203,9 +205,9 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		plotWhere = where
 	}
 	if !c.json {
-		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s\n",
+		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s, shm %s\n",
 			where, c.conn.MPARevision, onOff(c.conn.CRC), c.conn.Completion, c.conn.AsyncOnly,
-			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll))
+			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll), onOff(c.conn.SharedMemory))
 		if c.qps > 1 {
 			fmt.Fprintf(stdout, "# %d connections at once in write_bw, read_bw and send_bw (-qps); figures are their aggregate\n", c.qps)
 		}

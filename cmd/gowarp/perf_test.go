@@ -42,8 +42,8 @@ func runCmd(t *testing.T, ctx context.Context, args ...string) (int, string, str
 }
 
 var (
-	bwKeys  = []string{"bw_MBps", "iters", "msg_rate_Mpps", "size", "test"}
-	latKeys = []string{"iters", "lat_us_avg", "lat_us_min", "lat_us_p50", "lat_us_p99", "size", "test"}
+	bwKeys  = []string{"bw_MBps", "iters", "msg_rate_Mpps", "size", "test", "transport"}
+	latKeys = []string{"iters", "lat_us_avg", "lat_us_min", "lat_us_p50", "lat_us_p99", "size", "test", "transport"}
 )
 
 // checkJSON checks that out is one JSON object per line, in the shape of
@@ -65,8 +65,11 @@ func checkJSON(t *testing.T, out string) []map[string]any {
 		if !slices.Equal(keys, want) {
 			t.Errorf("%s: keys %v, want %v", sc.Text(), keys, want)
 		}
+		if tr := m["transport"]; tr != "tcp" && tr != "shm" {
+			t.Errorf("%s: transport %v", sc.Text(), tr)
+		}
 		for _, k := range keys {
-			if k == "test" {
+			if k == "test" || k == "transport" {
 				continue
 			}
 			if v, ok := m[k].(float64); !ok || v <= 0 {

@@ -291,8 +291,11 @@ func (r *Request) takeShm() (*SharedMemory, *shmBlock, error) {
 		return nil, nil, errShmNotLocal
 	}
 	m, ans, err := openShm(r.shm)
+	if err != nil && !errors.Is(err, ErrShmOffer) {
+		err = fmt.Errorf("gowarp: shared memory: %w", err)
+	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("gowarp: shared memory: %w", err)
+		return nil, nil, err
 	}
 	return m, ans, nil
 }

@@ -164,6 +164,13 @@ func TestAdapterSharedMemoryHostileOffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.Remove(small)
+	// A file of the right size and contents that another user owns.
+	other := shmDir + "/" + shmNamePrefix + "0dd"
+	if err := os.WriteFile(other, good.m.Mem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(other)
+	ownedByOther := os.Geteuid() == 0 && os.Chown(other, 65534, 65534) == nil
 	enc := func(b shmBlock) []byte { return appendShm(nil, &b) }
 	raw := func(f func(p []byte)) []byte {
 		p := enc(good.blk)
@@ -204,7 +211,12 @@ func TestAdapterSharedMemoryHostileOffer(t *testing.T) {
 		{"no such file", enc(shmBlock{Ring: good.blk.Ring, Token: good.blk.Token, Name: shmNamePrefix + "0123"})},
 		{"symbolic link", enc(shmBlock{Ring: good.blk.Ring, Token: good.blk.Token, Name: shmNamePrefix + "feed"})},
 		{"file of the wrong size", enc(shmBlock{Ring: good.blk.Ring, Token: good.blk.Token, Name: shmNamePrefix + "beef"})},
+		{"another user's file", enc(shmBlock{Ring: good.blk.Ring, Token: good.blk.Token, Name: shmNamePrefix + "0dd"})},
 	} {
+		if tt.name == "another user's file" && !ownedByOther {
+			// Not root: the file is ours, and taking it is right.
+			continue
+		}
 		t.Run(tt.name, func(t *testing.T) {
 			o, rep := rawOffer(t, tt.block)
 			if o.err != nil {

@@ -54,6 +54,7 @@ func (c *Client) Run(ctx context.Context, t Test, o Options) (Result, error) {
 	if c.runDone != nil {
 		c.runDone(t, r.buf)
 	}
+	res.Transport = r.transport
 	return res, nil
 }
 
@@ -68,6 +69,8 @@ type clientRun struct {
 	mr     *gowarp.MR
 	credit *gowarp.MR
 	rep    reply
+	// transport is the link the connection got.
+	transport gowarp.Transport
 	// start, if set, is the clock's start shared by parallel runs, so
 	// that they stop posting at the same moment (RunParallel).
 	start time.Time
@@ -125,7 +128,8 @@ func (c *Client) connect(ctx context.Context, t Test, o *Options) (*clientRun, e
 		}
 	}
 	err = r.qp.Connect(ctx, c.Addr, gowarp.ConnectOptions{PrivateData: req.append(nil), CRC: o.CRC,
-		MPARevision: o.MPARevision, IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: o.MaxFPDU})
+		MPARevision: o.MPARevision, IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: o.MaxFPDU,
+		SharedMemory: o.SharedMemory, SharedMemoryRing: o.SharedMemoryRing})
 	if err != nil {
 		r.close()
 		if rej, ok := errors.AsType[*gowarp.RejectedError](err); ok {
@@ -133,6 +137,7 @@ func (c *Client) connect(ctx context.Context, t Test, o *Options) (*clientRun, e
 		}
 		return nil, err
 	}
+	r.transport = r.qp.Transport()
 	if r.rep, err = parseReply(r.qp.PeerPrivateData()); err != nil {
 		r.close()
 		return nil, err

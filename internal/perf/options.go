@@ -42,6 +42,12 @@ type ConnOptions struct {
 	AsyncOnly   bool                  // transmit from the QP's goroutine only
 	MaxFPDU     int                   // FPDU size on the wire (0: the TCP segment)
 	Poll        bool                  // busy-poll CQs (with runtime.Gosched) instead of cq.Wait
+	// SharedMemory offers a same-host shared-memory link (the client's
+	// choice: the server takes it whenever offered). The plain-TCP tests
+	// stay on TCP.
+	SharedMemory bool
+	// SharedMemoryRing is the ring size offered (0: the default).
+	SharedMemoryRing int
 }
 
 // Options are the parameters of one run of the client.

@@ -69,5 +69,13 @@ func (c *Client) RunParallel(ctx context.Context, t Test, o Options, n int) (Res
 	for _, r := range res {
 		iters += r.Iters
 	}
-	return bandwidthResult(t, o.Size, iters, elapsed), nil
+	agg := bandwidthResult(t, o.Size, iters, elapsed)
+	// Shared memory only if every connection got it.
+	agg.Transport = gowarp.TransportSharedMemory
+	for _, r := range runs {
+		if r.transport != gowarp.TransportSharedMemory {
+			agg.Transport = gowarp.TransportTCP
+		}
+	}
+	return agg, nil
 }

@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/gowarp/gowarp"
 )
 
 // Result is the outcome of one run.
@@ -23,6 +25,10 @@ type Result struct {
 	// Latency tests, in microseconds: one way (half the round trip) for
 	// the ping-pong tests, the whole Read for read_lat, as perftest does.
 	LatMin, LatAvg, LatP50, LatP99 float64
+
+	// Transport is the link the run's connection got (TCP for the
+	// plain-TCP tests).
+	Transport gowarp.Transport
 }
 
 func bandwidthResult(t Test, size, iters int, elapsed time.Duration) Result {
@@ -64,21 +70,23 @@ func percentile(sorted []int64, p int) int64 {
 }
 
 type bwJSON struct {
-	Test  string  `json:"test"`
-	Size  int     `json:"size"`
-	Iters int     `json:"iters"`
-	MBps  float64 `json:"bw_MBps"`
-	Mpps  float64 `json:"msg_rate_Mpps"`
+	Test      string  `json:"test"`
+	Size      int     `json:"size"`
+	Iters     int     `json:"iters"`
+	MBps      float64 `json:"bw_MBps"`
+	Mpps      float64 `json:"msg_rate_Mpps"`
+	Transport string  `json:"transport"`
 }
 
 type latJSON struct {
-	Test  string  `json:"test"`
-	Size  int     `json:"size"`
-	Iters int     `json:"iters"`
-	Min   float64 `json:"lat_us_min"`
-	Avg   float64 `json:"lat_us_avg"`
-	P50   float64 `json:"lat_us_p50"`
-	P99   float64 `json:"lat_us_p99"`
+	Test      string  `json:"test"`
+	Size      int     `json:"size"`
+	Iters     int     `json:"iters"`
+	Min       float64 `json:"lat_us_min"`
+	Avg       float64 `json:"lat_us_avg"`
+	P50       float64 `json:"lat_us_p50"`
+	P99       float64 `json:"lat_us_p99"`
+	Transport string  `json:"transport"`
 }
 
 func round(x float64, digits int) float64 {
@@ -87,14 +95,15 @@ func round(x float64, digits int) float64 {
 }
 
 // MarshalJSON encodes a bandwidth result as {test, size, iters, bw_MBps,
-// msg_rate_Mpps} and a latency result as {test, size, iters, lat_us_min,
-// lat_us_avg, lat_us_p50, lat_us_p99}.
+// msg_rate_Mpps, transport} and a latency result as {test, size, iters,
+// lat_us_min, lat_us_avg, lat_us_p50, lat_us_p99, transport}; transport
+// is "tcp" or "shm".
 func (r Result) MarshalJSON() ([]byte, error) {
 	if r.Test.Bandwidth() {
-		return json.Marshal(bwJSON{r.Test.String(), r.Size, r.Iters, round(r.MBps, 2), round(r.Mpps, 6)})
+		return json.Marshal(bwJSON{r.Test.String(), r.Size, r.Iters, round(r.MBps, 2), round(r.Mpps, 6), r.Transport.String()})
 	}
 	return json.Marshal(latJSON{r.Test.String(), r.Size, r.Iters,
-		round(r.LatMin, 3), round(r.LatAvg, 3), round(r.LatP50, 3), round(r.LatP99, 3)})
+		round(r.LatMin, 3), round(r.LatAvg, 3), round(r.LatP50, 3), round(r.LatP99, 3), r.Transport.String()})
 }
 
 // WriteTableHeader writes the header of the table WriteTableRow fills.

@@ -247,8 +247,9 @@ func (s *Server) newSession(r *request, log *slog.Logger) (*serverSession, error
 func (ss *serverSession) connectOptions(c ConnOptions) gowarp.ConnectOptions {
 	rep := reply{bufSTag: uint32(ss.mr.STag()), bufLen: uint32(ss.mr.Len()), bufAddr: ss.mr.Addr(),
 		recvDepth: uint32(ss.recvs), creditBatch: uint32(ss.batch)}
+	// A shared-memory link is the client's choice, taken whenever offered.
 	return gowarp.ConnectOptions{PrivateData: rep.append(nil), CRC: c.CRC,
-		IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: ss.maxFPDU}
+		IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: ss.maxFPDU, SharedMemory: true}
 }
 
 // close tears the session down: the queue pair first, so that no work is
