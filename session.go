@@ -1,0 +1,1223 @@
+package gowarp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gowarp/gowarp/internal/failover"
+)
+
+// Sessions (C14): a Session bundles connections over several paths
+// (adapters) to one peer and survives the loss of any of them. See
+// docs/failover.md for the protocol and what is guaranteed for which
+// operation; in short:
+//
+//   - Sends are delivered exactly once and in order. Each carries a
+//     16-byte fail-over header (session, sequence) in front of its bytes;
+//     the receiving session takes it into a buffer of its own, drops a
+//     sequence number it has seen (a resent duplicate), hands the bytes to
+//     the application's next receive and acknowledges, cumulatively, what
+//     it has delivered. The sender keeps every message until it is
+//     acknowledged and, when a connection fails, resends them in order on
+//     another.
+//   - Writes are sent as Writes with immediate data whose immediate value
+//     is their sequence number: they are acknowledged, ordered and resent
+//     as Sends are, but a resent Write places its bytes again: that is
+//     harmless only when nothing else wrote those bytes in between.
+//   - Reads are resent when their connection failed before their response
+//     came: they read the bytes again, the same bytes only when nothing
+//     else wrote them in between.
+//
+// Each completion, on either side, reaches the application once, in the
+// order of posting, on the session (Poll, Wait), never on a QP's CQ.
+
+// Session errors.
+var (
+	// ErrSessionClosed: the session was closed (Session.Close).
+	ErrSessionClosed = errors.New("gowarp: session closed")
+	// ErrSessionTimeout: work could not be delivered within the session's
+	// Deadline (no connection to the peer could carry it, or the peer
+	// took none of it), or the session had no connection for that long.
+	// Every outstanding work request then completes with it.
+	ErrSessionTimeout = errors.New("gowarp: session deadline passed with work undelivered")
+	// ErrSessionLost: the peer no longer knows the session (it closed it,
+	// or restarted): a connection rejoining it was refused.
+	ErrSessionLost = errors.New("gowarp: the peer does not know the session")
+	// ErrNotSession: a connection request that does not carry a session
+	// handshake reached a session listener, or a Connect's reply carried
+	// none.
+	ErrNotSession = errors.New("gowarp: not a session handshake")
+)
+
+// SessionConfig tunes a session; the zero value is usable.
+type SessionConfig struct {
+	// SendDepth and RecvDepth bound the work requests outstanding on the
+	// session (default 128 each).
+	SendDepth, RecvDepth int
+	// Window is how many of the peer's messages (Sends, Writes) this side
+	// buffers before it has delivered them: the peer sends no more ahead
+	// of this side's acknowledgements (default 16).
+	Window int
+	// MaxMessage is the largest Send payload this side receives (default
+	// 64 KiB); the peer's PostSend refuses longer ones with ErrTooLong.
+	MaxMessage int
+	// Deadline bounds how long a work request may stay undelivered, and
+	// how long the session may have no connection, before the session
+	// fails with ErrSessionTimeout (default 10 s).
+	Deadline time.Duration
+	// HeartbeatInterval is how often the session probes each of its
+	// connections (default 100 ms); a probe unanswered for
+	// HeartbeatTimeout (default 1 s) ends the connection and fails its
+	// work over to another.
+	HeartbeatInterval, HeartbeatTimeout time.Duration
+	// Connect is used for every connection of the session. Its
+	// PrivateData and Extensions are the session's own (Writes travel as
+	// Writes with immediate data); a zero LinkTimeout becomes twice the
+	// heartbeat timeout.
+	Connect ConnectOptions
+	// Logger receives the session's fail-overs (default the device's).
+	Logger *slog.Logger
+}
+
+func (c *SessionConfig) defaults(d *Device) {
+	def := func(v *int, x int) {
+		if *v <= 0 {
+			*v = x
+		}
+	}
+	def(&c.SendDepth, 128)
+	def(&c.RecvDepth, 128)
+	def(&c.Window, 16)
+	c.Window = min(c.Window, 1024)
+	def(&c.MaxMessage, 64<<10)
+	defd := func(v *time.Duration, x time.Duration) {
+		if *v <= 0 {
+			*v = x
+		}
+	}
+	defd(&c.Deadline, 10*time.Second)
+	defd(&c.HeartbeatInterval, 100*time.Millisecond)
+	defd(&c.HeartbeatTimeout, time.Second)
+	if c.Connect.LinkTimeout == 0 {
+		c.Connect.LinkTimeout = 2 * c.HeartbeatTimeout
+	}
+	c.Connect.Extensions = true
+	if c.Logger == nil {
+		c.Logger = d.log
+	}
+}
+
+// SessionCompletion is one completed work request of a session.
+type SessionCompletion struct {
+	ID    uint64
+	Op    CompletionOp // CompSend, CompWrite, CompRead or CompRecv
+	Bytes int          // bytes sent, written, read or received
+	// Err is nil on success; else it matches ErrSessionTimeout,
+	// ErrSessionClosed or ErrSessionLost (the session failed) or, for a
+	// receive too small for its message, LocalLengthError.
+	Err error
+}
+
+// SessionStats count what a session has been through.
+type SessionStats struct {
+	Conns      int    // connections up now
+	TxPath     int    // the path this side sends on; -1 if none
+	Failovers  uint64 // times this side moved its sending to another connection
+	Resent     uint64 // work requests sent again after a fail-over
+	Duplicates uint64 // messages from the peer dropped as already received
+	Joins      uint64 // connections that joined after the first
+	// LastFailover is when the last fail-over began: the connection was
+	// found dead.
+	LastFailover time.Time
+}
+
+// Internal work request IDs: kind in the top byte, the rest an index.
+const (
+	idKindShift = 56
+	idData      = 1 // a Send or Write of the ring (unsignaled)
+	idRead      = 2 // a Read of the ring; low bits its ring position
+	idCtl       = 3 // a control message; low bits its control slot
+	idRecv      = 4 // an internal receive; low bits its slot
+	idMask      = 1<<idKindShift - 1
+)
+
+// Control slots of a connection: acks in turn, then one ping, one pong.
+const (
+	ackSlots = 4
+	pingSlot = ackSlots
+	pongSlot = ackSlots + 1
+	ctlSlots = ackSlots + 2
+)
+
+// Session is a reliable, ordered, exactly-once channel to one peer over
+// several connections: see DialSession, ListenSession and the
+// package's session documentation (docs/failover.md). Its methods are
+// safe for concurrent use.
+type Session struct {
+	pd        *PD
+	cfg       SessionConfig
+	id        uint64
+	tag       uint32
+	initiator bool
+	paths     []string // the initiator's dial addresses, by path
+	log       *slog.Logger
+
+	peerWindow uint64
+	peerMax    int
+
+	cq     *CQ // every connection's completions
+	joins  chan *sconn
+	ctx    context.Context // ends when the session closes
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the session fails or closes
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	err    error
+	conns  []*sconn       // by path; nil or dead when down
+	byQP   map[*QP]*sconn // every connection not yet released
+	tx     *sconn         // the connection this side sends on
+	downAt time.Time      // since when no connection was up
+	stats  SessionStats   // Failovers, Resent, Duplicates, Joins
+	wc     [64]Completion // the internal CQ's, polled under mu
+	swr    SendWR         // scratch wire requests, under mu
+	rwr    RecvWR         // ...
+	sge    [1]SGE         // ...
+
+	// Send ring: [head, posted) on the wire, [posted, tail) waiting.
+	ring               []sendEntry
+	head, posted, tail uint64
+	nextSeq            uint64 // wire sequence of the next Send or Write
+	peerAck            uint64 // every sequence up to it delivered
+	hdrMR              *MR    // a header slot per ring entry
+
+	// Receive side.
+	rcvd, dlvd uint64     // accepted from the peer, delivered to the app
+	pend       []rxMsg    // accepted, not delivered: (dlvd, rcvd]
+	recvs      []recvSlot // the application's receives
+	rHead      uint64
+	rTail      uint64
+	ackTo      *sconn // where the peer's messages last came from
+
+	// Completions for the application.
+	comp         []SessionCompletion
+	cHead, cTail uint64
+	notify       chan struct{}
+}
+
+type sendEntry struct {
+	wr    SendWR // SGL nil: the SGEs are in sges[1:1+n]
+	sges  [MaxSGE]SGE
+	n     int
+	seq   uint64
+	bytes int
+	at    int64 // when posted (monotonic ns since the session began)
+	abs   uint64
+	done  bool // a Read whose response came
+	sent  bool // on the wire once: posting it again is a resend
+}
+
+type recvSlot struct {
+	id   uint64
+	sges [MaxSGE]SGE
+	n    int
+}
+
+type rxMsg struct {
+	c     *sconn
+	slot  int
+	seq   uint64
+	bytes int
+	write bool
+}
+
+// sconn is one connection of a session.
+type sconn struct {
+	path     int
+	qp       *QP
+	mr       *MR // slots receive buffers of slotSize, then ctlSlots headers
+	slots    int
+	slotSize int
+	dead     bool
+	held     int    // receive buffers held by undelivered messages
+	lastAck  uint64 // the last ack sent on it
+	ctlBusy  [ctlSlots]bool
+	ackNext  int
+	pingOut  bool
+	pingAt   int64
+	pingSeq  uint64
+	pongDue  bool
+	pongSeq  uint64
+	released bool
+}
+
+var sessionEpoch = time.Now()
+
+func now() int64 { return int64(time.Since(sessionEpoch)) }
+
+func newSession(pd *PD, cfg SessionConfig, id uint64, initiator bool) (*Session, error) {
+	cfg.defaults(pd.dev)
+	s := &Session{pd: pd, cfg: cfg, id: id, tag: uint32(id), initiator: initiator, log: cfg.Logger,
+		cq: pd.dev.NewCQ(4 * (cfg.SendDepth + cfg.RecvDepth + 8*cfg.Window + 64)), joins: make(chan *sconn, 8),
+		done: make(chan struct{}), byQP: map[*QP]*sconn{},
+		ring: make([]sendEntry, cfg.SendDepth), pend: make([]rxMsg, cfg.Window+1),
+		recvs: make([]recvSlot, cfg.RecvDepth), comp: make([]SessionCompletion, cfg.SendDepth+cfg.RecvDepth),
+		notify: make(chan struct{}, 1), downAt: time.Now()}
+	s.stats.TxPath = -1
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	var err error
+	s.hdrMR, err = pd.Register(make([]byte, failover.HeaderLen*cfg.SendDepth), LocalWrite)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// hello is the handshake this side sends on a connection of path.
+func (s *Session) hello(path int, flags uint8) []byte {
+	return failover.Hello{Flags: flags, Window: uint16(s.cfg.Window), Session: s.id,
+		MaxMessage: uint32(s.cfg.MaxMessage), Path: uint8(path)}.Append(nil)
+}
+
+// newConn makes a connection's queue pair and buffers, its receives posted.
+func (s *Session) newConn(path int, peerWindow int) (*sconn, error) {
+	// Receives: the peer's data (our window), its acks of ours (at most
+	// its window of them in flight), a ping and a pong, and slack.
+	slots := s.cfg.Window + peerWindow + 4
+	size := failover.HeaderLen + s.cfg.MaxMessage
+	qp, err := s.pd.NewQP(QPConfig{SendCQ: s.cq, RecvCQ: s.cq,
+		SendDepth: s.cfg.SendDepth + 2*peerWindow + ctlSlots + 8, RecvDepth: slots})
+	if err != nil {
+		return nil, err
+	}
+	mr, err := s.pd.Register(make([]byte, slots*size+ctlSlots*failover.HeaderLen), LocalWrite)
+	if err != nil {
+		qp.Close()
+		return nil, err
+	}
+	c := &sconn{path: path, qp: qp, mr: mr, slots: slots, slotSize: size}
+	for i := range slots {
+		if err := qp.PostRecv(&RecvWR{ID: idRecv<<idKindShift | uint64(i), SGL: []SGE{{MR: mr, Offset: i * size, Length: size}}}); err != nil {
+			c.release()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// release closes a connection's queue pair and frees its memory; its
+// completions are all in the session's CQ once Close returns.
+func (c *sconn) release() {
+	if c.released {
+		return
+	}
+	c.released = true
+	c.qp.Close()
+	_ = c.mr.Deregister()
+}
+
+// DialSession opens a session to a peer listening with ListenSession on
+// every address of paths (ip:port, one per link: each is dialed through
+// the adapter the device's topology places it on, see Device.Place). It
+// returns once at least one path is connected; the others, and any that
+// fail later, are dialed again in the background until the session
+// closes.
+func (pd *PD) DialSession(ctx context.Context, paths []string, cfg SessionConfig) (*Session, error) {
+	if len(paths) == 0 || len(paths) > 255 {
+		return nil, fmt.Errorf("%w: a session needs 1 to 255 paths", ErrBadConfig)
+	}
+	var idb [8]byte
+	_, _ = rand.Read(idb[:])
+	s, err := newSession(pd, cfg, binary.LittleEndian.Uint64(idb[:])|1, true)
+	if err != nil {
+		return nil, err
+	}
+	s.paths = paths
+	s.conns = make([]*sconn, len(paths))
+	var first error
+	up := 0
+	for p := range paths {
+		c, err := s.dial(ctx, p, 0)
+		if err != nil {
+			first = cmpErr(first, err)
+			continue
+		}
+		s.mu.Lock()
+		s.addConn(c)
+		s.mu.Unlock()
+		up++
+	}
+	if up == 0 {
+		s.hdrMR.Deregister()
+		return nil, fmt.Errorf("gowarp: session: no path connected: %w", first)
+	}
+	s.start()
+	for p := range paths {
+		if s.conns[p] == nil {
+			s.redial(p)
+		}
+	}
+	return s, nil
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// dial connects path p.
+func (s *Session) dial(ctx context.Context, p int, flags uint8) (*sconn, error) {
+	// We send at most our own window ahead of the peer's acks (the
+	// smaller of the two windows), so we receive at most that many acks.
+	c, err := s.newConn(p, s.cfg.Window)
+	if err != nil {
+		return nil, err
+	}
+	o := s.cfg.Connect
+	o.PrivateData = s.hello(p, flags)
+	if err := c.qp.Connect(ctx, s.paths[p], o); err != nil {
+		c.release()
+		return nil, err
+	}
+	h, _, err := failover.ParseHello(c.qp.PeerPrivateData())
+	if err != nil || h.Flags&failover.Reply == 0 || h.Session != s.id {
+		c.release()
+		return nil, fmt.Errorf("%w: reply from %s: %v", ErrNotSession, s.paths[p], err)
+	}
+	if !c.qp.Params().Extensions {
+		c.release()
+		return nil, fmt.Errorf("%w: %s did not agree to immediate data", ErrNotSession, s.paths[p])
+	}
+	s.mu.Lock()
+	if s.peerWindow == 0 {
+		s.peerWindow, s.peerMax = uint64(min(int(h.Window), s.cfg.Window)), int(h.MaxMessage)
+	}
+	s.mu.Unlock()
+	return c, nil
+}
+
+// redial dials path p again in the background, with a growing pause
+// between tries, until it joins or the session closes.
+func (s *Session) redial(p int) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		pause := 20 * time.Millisecond
+		for {
+			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HeartbeatTimeout+s.cfg.Connect.LinkTimeout)
+			c, err := s.dial(ctx, p, failover.Rejoin)
+			cancel()
+			if err == nil {
+				select {
+				case s.joins <- c:
+				case <-s.ctx.Done():
+					c.release()
+				}
+				return
+			}
+			var rej *RejectedError
+			if errors.As(err, &rej) {
+				s.fail(fmt.Errorf("%w: %w", ErrSessionLost, err))
+				return
+			}
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, 500*time.Millisecond)
+		}
+	}()
+}
+
+// start runs the session's goroutine.
+func (s *Session) start() {
+	s.wg.Add(1)
+	go s.run()
+}
+
+// addConn takes a connection into the session (under mu): it replaces a
+// connection of the same path, which the peer has given up on.
+func (s *Session) addConn(c *sconn) {
+	for len(s.conns) <= c.path {
+		s.conns = append(s.conns, nil)
+	}
+	if old := s.conns[c.path]; old != nil && !old.dead {
+		s.dead(old, "replaced by a new connection of its path")
+	}
+	if s.conns[c.path] != nil {
+		s.stats.Joins++
+	}
+	s.conns[c.path] = c
+	s.byQP[c.qp] = c
+	if s.tx == nil {
+		s.tx = c
+		s.stats.TxPath = c.path
+		s.posted = s.head // resend what is not acknowledged
+		s.pump()
+	}
+}
+
+// run is the session's goroutine: it takes every connection's
+// completions, delivers, acknowledges, probes and fails over.
+func (s *Session) run() {
+	defer s.wg.Done()
+	tick := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.cq.Notify():
+			s.mu.Lock()
+			s.progress()
+			s.mu.Unlock()
+		case c := <-s.joins:
+			s.mu.Lock()
+			if s.err != nil {
+				s.mu.Unlock()
+				c.release()
+				continue
+			}
+			s.addConn(c)
+			s.progress()
+			s.mu.Unlock()
+		case <-tick.C:
+			s.mu.Lock()
+			s.heartbeat()
+			s.progress()
+			s.mu.Unlock()
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// progress handles every completion waiting, then delivers, acknowledges
+// and completes what it can (under mu).
+func (s *Session) progress() {
+	for s.err == nil {
+		n := s.cq.Poll(s.wc[:])
+		for i := range s.wc[:n] {
+			s.handle(&s.wc[i])
+		}
+		if n < len(s.wc) {
+			break
+		}
+	}
+	if s.err != nil {
+		return
+	}
+	s.deliver()
+	s.sendAcks()
+	for _, c := range s.conns {
+		if c != nil && !c.dead && c.pongDue && !c.ctlBusy[pongSlot] && s.ctl(c, pongSlot, failover.Pong, c.pongSeq) {
+			c.pongDue = false
+		}
+	}
+	s.complete()
+	s.pump()
+}
+
+// handle acts on one completion of a connection.
+func (s *Session) handle(wc *Completion) {
+	c := s.byQP[wc.QP]
+	if c == nil {
+		return // of a connection released already
+	}
+	kind, idx := wc.ID>>idKindShift, wc.ID&idMask
+	if wc.Status != Success {
+		if !c.dead {
+			s.dead(c, wc.Status.Error())
+		}
+		if kind == idCtl && idx < ctlSlots {
+			c.ctlBusy[idx] = false
+		}
+		return
+	}
+	switch kind {
+	case idCtl:
+		if idx < ctlSlots {
+			c.ctlBusy[idx] = false
+		}
+	case idRead:
+		if idx < 1<<48 {
+			e := &s.ring[idx%uint64(len(s.ring))]
+			if e.abs == idx && idx >= s.head && idx < s.posted {
+				e.done = true
+			}
+		}
+	case idRecv:
+		if idx < uint64(c.slots) {
+			s.received(c, int(idx), wc)
+		}
+	}
+}
+
+// received handles a message the peer sent on c into receive slot.
+func (s *Session) received(c *sconn, slot int, wc *Completion) {
+	if wc.WithImm { // a Write: its sequence number rides in Imm
+		seq := s.rcvd + 1 + uint64(int64(int32(wc.Imm-uint32(s.rcvd+1))))
+		s.accept(c, slot, seq, 0, true)
+		return
+	}
+	b := c.mr.Bytes()[slot*c.slotSize : slot*c.slotSize+wc.Bytes]
+	h, _, err := failover.ParseHeader(b)
+	if err == nil && h.Session != s.tag {
+		err = fmt.Errorf("%w: session %#x, want %#x", failover.ErrField, h.Session, s.tag)
+	}
+	if err != nil {
+		s.log.Warn("gowarp session: bad message, dropping the connection", "path", c.path, "err", err)
+		s.dead(c, err.Error())
+		return
+	}
+	switch h.Kind {
+	case failover.Data:
+		s.accept(c, slot, h.Seq, wc.Bytes-failover.HeaderLen, false)
+		return
+	case failover.Ack:
+		if h.Seq > s.peerAck && h.Seq <= s.nextSeq {
+			s.peerAck = h.Seq
+		}
+	case failover.Ping:
+		c.pongDue, c.pongSeq = true, h.Seq
+	case failover.Pong:
+		if h.Seq == c.pingSeq {
+			c.pingOut = false
+		}
+	}
+	s.repost(c, slot)
+}
+
+// accept takes message seq from c's slot: the next one is kept until it
+// is delivered, one already received is dropped.
+func (s *Session) accept(c *sconn, slot int, seq uint64, n int, write bool) {
+	s.ackTo = c
+	switch {
+	case seq <= s.rcvd:
+		s.stats.Duplicates++
+		s.repost(c, slot)
+	case seq == s.rcvd+1 && s.rcvd-s.dlvd < uint64(len(s.pend)):
+		s.rcvd = seq
+		s.pend[seq%uint64(len(s.pend))] = rxMsg{c: c, slot: slot, seq: seq, bytes: n, write: write}
+		c.held++
+	default:
+		s.log.Warn("gowarp session: message out of order, dropping the connection", "path", c.path, "seq", seq, "want", s.rcvd+1)
+		s.dead(c, "message out of order")
+	}
+}
+
+// repost gives a receive buffer back to its connection.
+func (s *Session) repost(c *sconn, slot int) {
+	if c.dead {
+		return
+	}
+	s.sge[0] = SGE{MR: c.mr, Offset: slot * c.slotSize, Length: c.slotSize}
+	s.rwr = RecvWR{ID: idRecv<<idKindShift | uint64(slot), SGL: s.sge[:]}
+	if err := c.qp.PostRecv(&s.rwr); err != nil {
+		s.dead(c, err.Error())
+	}
+}
+
+// deliver hands accepted messages to the application's receives, in order.
+func (s *Session) deliver() {
+	for s.dlvd < s.rcvd {
+		m := &s.pend[(s.dlvd+1)%uint64(len(s.pend))]
+		if !m.write {
+			if s.rHead == s.rTail {
+				return // no receive posted: the message waits, unacknowledged
+			}
+			r := &s.recvs[s.rHead%uint64(len(s.recvs))]
+			s.rHead++
+			src := m.c.mr.Bytes()[m.slot*m.c.slotSize+failover.HeaderLen:][:m.bytes]
+			var err error
+			for _, sge := range r.sges[:r.n] {
+				k := min(len(src), sge.Length)
+				if _, werr := sge.MR.WriteAt(src[:k], int64(sge.Offset)); werr != nil {
+					err = LocalProtectionError
+				}
+				src = src[k:]
+			}
+			if len(src) > 0 {
+				err = LocalLengthError
+			}
+			s.push(SessionCompletion{ID: r.id, Op: CompRecv, Bytes: m.bytes, Err: err})
+		}
+		s.dlvd = m.seq
+		m.c.held--
+		s.repost(m.c, m.slot)
+		s.maybeRelease(m.c)
+		m.c = nil
+	}
+}
+
+// sendAcks acknowledges what was delivered, on the connection the peer's
+// messages come on.
+func (s *Session) sendAcks() {
+	c := s.ackTo
+	if c == nil || c.dead || s.dlvd <= c.lastAck {
+		return
+	}
+	slot := c.ackNext
+	if c.ctlBusy[slot] {
+		return // all ack slots in flight: the next completion retries
+	}
+	if s.ctl(c, slot, failover.Ack, s.dlvd) {
+		c.lastAck = s.dlvd
+		c.ackNext = (slot + 1) % ackSlots
+	}
+}
+
+// ctl sends a control message from c's control slot.
+func (s *Session) ctl(c *sconn, slot int, k failover.Kind, seq uint64) bool {
+	off := c.slots*c.slotSize + slot*failover.HeaderLen
+	failover.Header{Kind: k, Session: s.tag, Seq: seq}.Put(c.mr.Bytes()[off:])
+	s.sge[0] = SGE{MR: c.mr, Offset: off, Length: failover.HeaderLen}
+	s.swr = SendWR{ID: idCtl<<idKindShift | uint64(slot), Op: OpSend, Flags: Signaled, SGL: s.sge[:]}
+	if err := c.qp.PostSend(&s.swr); err != nil {
+		if !errors.Is(err, ErrQueueFull) {
+			s.dead(c, err.Error())
+		}
+		return false
+	}
+	c.ctlBusy[slot] = true
+	return true
+}
+
+// heartbeat probes every connection and ends those whose probe went
+// unanswered; it fails the session past its deadline.
+func (s *Session) heartbeat() {
+	t := now()
+	up := 0
+	for _, c := range s.conns {
+		if c == nil || c.dead {
+			continue
+		}
+		switch {
+		case c.pingOut && time.Duration(t-c.pingAt) > s.cfg.HeartbeatTimeout:
+			s.dead(c, "heartbeat unanswered")
+			continue
+		case !c.pingOut && !c.ctlBusy[pingSlot]:
+			c.pingSeq++
+			if s.ctl(c, pingSlot, failover.Ping, c.pingSeq) {
+				c.pingOut, c.pingAt = true, t
+			}
+		}
+		up++
+	}
+	switch {
+	case s.head < s.tail && time.Duration(t-s.ring[s.head%uint64(len(s.ring))].at) > s.cfg.Deadline:
+		s.failLocked(fmt.Errorf("%w: work request %d undelivered for %v", ErrSessionTimeout, s.ring[s.head%uint64(len(s.ring))].wr.ID, s.cfg.Deadline))
+	case up == 0 && time.Since(s.downAt) > s.cfg.Deadline:
+		s.failLocked(fmt.Errorf("%w: no connection for %v", ErrSessionTimeout, s.cfg.Deadline))
+	}
+}
+
+// dead ends connection c: its queue pair is closed (its completions all
+// reach the CQ, where progress finds them), and if this side sent on it,
+// what it sent and was not acknowledged goes again on another.
+func (s *Session) dead(c *sconn, why string) {
+	if c.dead {
+		return
+	}
+	c.dead = true
+	c.qp.Close()
+	if s.ackTo == c {
+		s.ackTo = nil
+	}
+	if s.tx == c {
+		s.tx = nil
+		s.stats.TxPath = -1
+		s.stats.Failovers++
+		s.stats.LastFailover = time.Now()
+		for _, o := range s.conns {
+			if o != nil && !o.dead && o.qp.State() == StateReady {
+				s.tx = o
+				s.stats.TxPath = o.path
+				break
+			}
+		}
+		s.log.Info("gowarp session: connection lost, failing over", "path", c.path, "why", why, "to", s.stats.TxPath)
+		s.posted = s.head // send again what is not acknowledged, in order
+	}
+	if s.tx == nil && !s.anyUp() {
+		s.downAt = time.Now()
+	}
+	if s.initiator && s.conns[c.path] == c && s.err == nil {
+		s.redial(c.path)
+	}
+	s.maybeRelease(c)
+}
+
+func (s *Session) anyUp() bool {
+	for _, c := range s.conns {
+		if c != nil && !c.dead {
+			return true
+		}
+	}
+	return false
+}
+
+// maybeRelease frees a dead connection whose buffers hold nothing
+// undelivered; its completions have all been taken by then or are
+// flushes of nothing.
+func (s *Session) maybeRelease(c *sconn) {
+	if !c.dead || c.held > 0 || c.released {
+		return
+	}
+	c.release()
+	// Its completions still in the CQ are failures of work it no longer
+	// has: handle finds no connection for them.
+	delete(s.byQP, c.qp)
+}
+
+// pump posts waiting work on the connection this side sends on, in
+// order, as far as the peer's window allows.
+func (s *Session) pump() {
+	for s.tx != nil && s.posted < s.tail && s.err == nil {
+		e := &s.ring[s.posted%uint64(len(s.ring))]
+		if e.seq != 0 && e.seq > s.peerAck+s.peerWindow {
+			return // the peer's window is full
+		}
+		if e.wr.Op == OpRead && e.done {
+			s.posted++
+			continue
+		}
+		s.swr = e.wr
+		switch e.wr.Op {
+		case OpSend:
+			s.swr.SGL = e.sges[:1+e.n]
+			s.swr.ID = idData<<idKindShift | e.abs&idMask
+		case OpWrite:
+			s.swr.Op, s.swr.Imm = OpWriteImm, uint32(e.seq)
+			s.swr.SGL = e.sges[1 : 1+e.n]
+			s.swr.ID = idData<<idKindShift | e.abs&idMask
+		case OpRead:
+			s.swr.SGL = e.sges[1 : 1+e.n]
+			s.swr.ID = idRead<<idKindShift | e.abs&idMask
+		}
+		s.swr.Flags = e.wr.Flags &^ Signaled
+		if e.wr.Op == OpRead {
+			s.swr.Flags |= Signaled
+		}
+		if err := s.tx.qp.PostSend(&s.swr); err != nil {
+			if !errors.Is(err, ErrQueueFull) {
+				s.dead(s.tx, err.Error())
+			}
+			return
+		}
+		if e.sent {
+			s.stats.Resent++
+		}
+		e.sent = true
+		s.posted++
+	}
+}
+
+// complete hands the application the completions of the ring's head, in
+// order: a Send or Write once the peer acknowledged it, a Read once its
+// response came.
+func (s *Session) complete() {
+	for s.head < s.posted {
+		e := &s.ring[s.head%uint64(len(s.ring))]
+		if e.wr.Op == OpRead && !e.done || e.wr.Op != OpRead && e.seq > s.peerAck {
+			return
+		}
+		if e.wr.Flags&Signaled != 0 {
+			s.push(SessionCompletion{ID: e.wr.ID, Op: compOp(e.wr.Op), Bytes: e.bytes})
+		}
+		s.head++
+	}
+}
+
+func compOp(o WROp) CompletionOp {
+	switch o {
+	case OpWrite:
+		return CompWrite
+	case OpRead:
+		return CompRead
+	}
+	return CompSend
+}
+
+// push queues a completion for the application (under mu); the ring has
+// room for every outstanding work request.
+func (s *Session) push(c SessionCompletion) {
+	s.comp[s.cTail%uint64(len(s.comp))] = c
+	s.cTail++
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// PostSend posts a Send (OpSend), Write (OpWrite) or Read (OpRead) on the
+// session. A Send carries at most MaxSGE-1 SGEs (the fail-over header
+// takes one) and the peer's MaxMessage bytes; other operations and flags
+// beyond Signaled, Solicited and Fence are ErrBadOp. Its buffers must stay
+// unchanged until it completes: the session may send them again until
+// the peer has acknowledged them.
+func (s *Session) PostSend(wr *SendWR) error {
+	n, max := len(wr.SGL), MaxSGE
+	switch wr.Op {
+	case OpSend:
+		max--
+	case OpWrite, OpRead:
+	default:
+		return fmt.Errorf("%w: %v on a session", ErrBadOp, wr.Op)
+	}
+	if wr.Flags&^(Signaled|Solicited|Fence) != 0 {
+		return fmt.Errorf("%w: flags %#x on a session", ErrBadOp, wr.Flags)
+	}
+	if n > max {
+		return ErrTooManySGE
+	}
+	bytes := 0
+	for _, g := range wr.SGL {
+		bytes += g.Length
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	if wr.Op == OpSend && bytes > s.peerMax {
+		return fmt.Errorf("%w: a Send of %d bytes, the peer takes %d", ErrTooLong, bytes, s.peerMax)
+	}
+	if s.tail-s.head == uint64(len(s.ring)) || s.full() {
+		return ErrQueueFull
+	}
+	abs := s.tail
+	slot := abs % uint64(len(s.ring))
+	e := &s.ring[slot]
+	*e = sendEntry{wr: *wr, n: n, bytes: bytes, at: now(), abs: abs}
+	e.wr.SGL = nil
+	copy(e.sges[1:], wr.SGL)
+	if wr.Op != OpRead {
+		s.nextSeq++
+		e.seq = s.nextSeq
+	}
+	if wr.Op == OpSend {
+		off := int(slot) * failover.HeaderLen
+		failover.Header{Kind: failover.Data, Session: s.tag, Seq: e.seq}.Put(s.hdrMR.Bytes()[off:])
+		e.sges[0] = SGE{MR: s.hdrMR, Offset: off, Length: failover.HeaderLen}
+	}
+	s.tail++
+	s.pump()
+	return nil
+}
+
+// full reports whether outstanding work and completions not yet polled
+// fill the completion ring: one more post could overrun it.
+func (s *Session) full() bool {
+	return (s.tail-s.head)+(s.rTail-s.rHead)+(s.cTail-s.cHead) >= uint64(len(s.comp))
+}
+
+// PostRecv posts a receive: the next Send from the peer is copied into
+// its SGEs. The session holds the peer's messages in buffers of its own
+// until a receive is posted (up to its Window of them; the peer waits
+// for more).
+func (s *Session) PostRecv(wr *RecvWR) error {
+	if len(wr.SGL) > MaxSGE {
+		return ErrTooManySGE
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	if s.rTail-s.rHead == uint64(len(s.recvs)) || s.full() {
+		return ErrQueueFull
+	}
+	r := &s.recvs[s.rTail%uint64(len(s.recvs))]
+	r.id, r.n = wr.ID, copy(r.sges[:], wr.SGL)
+	s.rTail++
+	if s.dlvd < s.rcvd {
+		s.deliver()
+		s.sendAcks()
+	}
+	return nil
+}
+
+// Poll moves up to len(out) completions into out and returns how many;
+// it never blocks.
+func (s *Session) Poll(out []SessionCompletion) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for n < len(out) && s.cHead < s.cTail {
+		out[n] = s.comp[s.cHead%uint64(len(s.comp))]
+		s.comp[s.cHead%uint64(len(s.comp))] = SessionCompletion{}
+		s.cHead++
+		n++
+	}
+	return n
+}
+
+// Wait blocks until a completion is waiting, ctx is done (its error) or
+// the session has failed or closed with none left (its Err).
+func (s *Session) Wait(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		n, err := s.cTail-s.cHead, s.err
+		s.mu.Unlock()
+		if n > 0 {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-s.notify:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+		}
+	}
+}
+
+// Notify returns a channel that receives a token when completions
+// arrive; drain with Poll after each.
+func (s *Session) Notify() <-chan struct{} { return s.notify }
+
+// Err returns why the session failed or closed, nil while it works.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// ID returns the session's id, the same on both sides.
+func (s *Session) ID() uint64 { return s.id }
+
+// Stats returns the session's counters.
+func (s *Session) Stats() SessionStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	for _, c := range s.conns {
+		if c != nil && !c.dead {
+			st.Conns++
+		}
+	}
+	return st
+}
+
+// Conns returns the queue pair of each path now up (nil for a path that
+// is down), to look at (QP.Adapter, Params): the session owns them.
+func (s *Session) Conns() []*QP {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	qps := make([]*QP, len(s.conns))
+	for i, c := range s.conns {
+		if c != nil && !c.dead {
+			qps[i] = c.qp
+		}
+	}
+	return qps
+}
+
+// fail ends the session with err: every outstanding work request and
+// receive completes with it, every connection closes.
+func (s *Session) fail(err error) {
+	s.mu.Lock()
+	s.failLocked(err)
+	s.mu.Unlock()
+}
+
+func (s *Session) failLocked(err error) {
+	if s.err != nil {
+		return
+	}
+	s.err = err
+	s.log.Warn("gowarp session failed", "id", s.id, "err", err)
+	for ; s.head < s.tail; s.head++ {
+		e := &s.ring[s.head%uint64(len(s.ring))]
+		s.push(SessionCompletion{ID: e.wr.ID, Op: compOp(e.wr.Op), Err: err})
+	}
+	s.posted = s.tail
+	for ; s.rHead < s.rTail; s.rHead++ {
+		s.push(SessionCompletion{ID: s.recvs[s.rHead%uint64(len(s.recvs))].id, Op: CompRecv, Err: err})
+	}
+	for _, c := range s.byQP {
+		c.dead = true
+		c.release()
+	}
+	clear(s.byQP)
+	s.tx, s.ackTo = nil, nil
+	close(s.done)
+}
+
+// Close ends the session: outstanding work completes with
+// ErrSessionClosed, every connection closes, and the peer's session
+// fails over, then times out. It waits for the session's goroutines.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	if s.err == nil {
+		s.failLocked(ErrSessionClosed)
+	}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	for {
+		select {
+		case c := <-s.joins:
+			c.release()
+			continue
+		default:
+		}
+		break
+	}
+	_ = s.hdrMR.Deregister()
+	return nil
+}
+
+// SessionListener accepts sessions: see PD.ListenSession.
+type SessionListener struct {
+	pd       *PD
+	cfg      SessionConfig
+	lns      []*Listener
+	mu       sync.Mutex
+	sessions map[uint64]*Session
+	accepted chan *Session
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// ListenSession accepts sessions on lns (an adapter's Listener for each
+// link, typically): a connection whose handshake names a new session
+// makes one, which Accept returns; one naming a session already accepted
+// joins it (a path connected late, or again after a failure), replacing
+// that path's connection. A request without a session handshake, or
+// rejoining a session this side does not know, is rejected. The session
+// listener owns lns: Close closes them.
+func (pd *PD) ListenSession(cfg SessionConfig, lns ...*Listener) *SessionListener {
+	cfg.defaults(pd.dev)
+	l := &SessionListener{pd: pd, cfg: cfg, lns: lns, sessions: map[uint64]*Session{}, accepted: make(chan *Session, 16)}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	for _, ln := range lns {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				req, err := ln.Accept(l.ctx)
+				if err != nil {
+					return
+				}
+				l.join(req)
+			}
+		}()
+	}
+	return l
+}
+
+// join takes a connection request into its session.
+func (l *SessionListener) join(req *ConnRequest) {
+	h, _, err := failover.ParseHello(req.PrivateData())
+	if err == nil && h.Flags&failover.Reply != 0 {
+		err = failover.ErrField
+	}
+	if err != nil {
+		l.cfg.Logger.Warn("gowarp session listener: not a session handshake", "from", req.RemoteAddr(), "err", err)
+		_ = req.Reject(nil)
+		return
+	}
+	l.mu.Lock()
+	s := l.sessions[h.Session]
+	isNew := false
+	if s != nil && s.Err() != nil {
+		delete(l.sessions, h.Session)
+		s = nil
+	}
+	if s == nil {
+		if h.Flags&failover.Rejoin != 0 {
+			l.mu.Unlock()
+			_ = req.Reject([]byte("unknown session"))
+			return
+		}
+		if s, err = newSession(l.pd, l.cfg, h.Session, false); err != nil {
+			l.mu.Unlock()
+			_ = req.Reject(nil)
+			return
+		}
+		s.peerWindow, s.peerMax = uint64(h.Window), int(h.MaxMessage)
+		l.sessions[h.Session] = s
+		isNew = true
+	}
+	l.mu.Unlock()
+	c, err := s.newConn(int(h.Path), int(h.Window))
+	if err == nil {
+		o := s.cfg.Connect
+		o.PrivateData = s.hello(int(h.Path), failover.Reply)
+		ctx, cancel := context.WithTimeout(l.ctx, 10*time.Second)
+		err = req.Accept(ctx, c.qp, o)
+		cancel()
+		if err == nil && !c.qp.Params().Extensions {
+			err = fmt.Errorf("%w: the peer did not offer immediate data", ErrNotSession)
+		}
+		if err != nil {
+			c.release()
+		}
+	} else {
+		_ = req.Reject(nil)
+	}
+	if err != nil {
+		l.cfg.Logger.Warn("gowarp session listener: accept failed", "from", req.RemoteAddr(), "err", err)
+		if isNew {
+			l.mu.Lock()
+			delete(l.sessions, h.Session)
+			l.mu.Unlock()
+			s.Close()
+		}
+		return
+	}
+	if isNew {
+		s.mu.Lock()
+		s.addConn(c)
+		s.mu.Unlock()
+		s.start()
+		select {
+		case l.accepted <- s:
+		case <-l.ctx.Done():
+			s.Close()
+		}
+		return
+	}
+	select {
+	case s.joins <- c:
+	case <-s.ctx.Done():
+		c.release()
+	}
+}
+
+// Accept waits for the next new session, until ctx is done or the
+// listener is closed (net.ErrClosed).
+func (l *SessionListener) Accept(ctx context.Context) (*Session, error) {
+	select {
+	case s := <-l.accepted:
+		return s, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-l.ctx.Done():
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting and closes the listeners; sessions accepted go
+// on (without new connections from then on).
+func (l *SessionListener) Close() error {
+	l.cancel()
+	for _, ln := range l.lns {
+		ln.Close()
+	}
+	l.wg.Wait()
+	return nil
+}
