@@ -13,7 +13,7 @@ import (
 )
 
 // Adapters and placement. A Device owns adapters, each a kind of link
-// (today: TCP from a local address); a topology table says which adapter
+// (TCP from a local address, or a same-host shared-memory link); a topology table says which adapter
 // has a direct, switchless link to which remote addresses. Connect places
 // a new queue pair on the adapter that reaches its peer most directly and
 // spreads queue pairs over the adapters that are equally direct, round
@@ -27,12 +27,21 @@ const (
 	// AdapterTCP dials TCP from the adapter's local address and listens
 	// on it.
 	AdapterTCP AdapterKind = iota
+	// AdapterSharedMemory is the same-host link: it dials and listens as
+	// AdapterTCP does (on a loopback or local address), and a queue pair
+	// placed on it, connecting or accepted, asks for a shared-memory link
+	// (ConnectOptions.SharedMemory), which QP.Transport then reports. A
+	// peer that is no gowarp peer on this host gets TCP, as without it.
+	// Of rows of equal length, one of such an adapter is the most direct.
+	AdapterSharedMemory
 )
 
 func (k AdapterKind) String() string {
 	switch k {
 	case AdapterTCP:
 		return "tcp"
+	case AdapterSharedMemory:
+		return "shared-memory"
 	}
 	return fmt.Sprintf("AdapterKind(%d)", uint8(k))
 }
@@ -42,7 +51,7 @@ type AdapterConfig struct {
 	// Name names the adapter in the device's topology; it must be unique
 	// in the device and not empty.
 	Name string
-	// Kind is the kind of link (AdapterTCP).
+	// Kind is the kind of link (AdapterTCP, AdapterSharedMemory).
 	Kind AdapterKind
 	// LocalAddr is the adapter's own address: connections are dialed
 	// from it and Adapter.Listen listens on it.
@@ -151,7 +160,7 @@ type qpOwner struct {
 // AddAdapter adds an adapter to the device. A name already in use, an
 // empty one, an unknown kind or an invalid address is ErrBadConfig.
 func (d *Device) AddAdapter(c AdapterConfig) (*Adapter, error) {
-	if c.Name == "" || !c.LocalAddr.IsValid() || c.Kind != AdapterTCP {
+	if c.Name == "" || !c.LocalAddr.IsValid() || c.Kind > AdapterSharedMemory {
 		return nil, fmt.Errorf("%w: adapter %q: a name, a valid local address and a known kind are needed", ErrBadConfig, c.Name)
 	}
 	s := &d.adapters
@@ -206,7 +215,8 @@ func (s *adapterSet) find(name string) *Adapter {
 
 // Place returns the adapter a queue pair to remote is placed on: of the
 // adapters whose topology rows reach remote, those with the longest
-// prefix, taken in turn (round robin) by successive calls. Nil if no row
+// prefix (and of those, shared-memory adapters before TCP ones), taken in
+// turn (round robin) by successive calls. Nil if no row
 // reaches remote: Connect then dials as the system routes.
 func (d *Device) Place(remote netip.Addr) *Adapter {
 	s := &d.adapters
@@ -221,7 +231,11 @@ func (d *Device) Place(remote netip.Addr) *Adapter {
 			continue
 		}
 		a := s.find(l.Adapter)
-		switch b := l.Remote.Bits(); {
+		b := 2 * l.Remote.Bits() // ranks: the prefix, then the kind
+		if a.cfg.Kind == AdapterSharedMemory {
+			b++
+		}
+		switch {
 		case b > best:
 			best, n = b, 0
 			fallthrough
@@ -284,6 +298,9 @@ func (qp *QP) connectVia(ctx context.Context, a *Adapter, ap netip.AddrPort, o C
 		qp.Close()
 		return err
 	}
+	if a.cfg.Kind == AdapterSharedMemory {
+		o.SharedMemory = true
+	}
 	qp.setAdapter(a)
 	return qp.ConnectConn(ctx, c, o)
 }
@@ -295,13 +312,13 @@ func (qp *QP) setAdapter(a *Adapter) {
 	}
 }
 
-// placeAccepted records, on a queue pair accepted on local, the adapter
-// whose address that is.
-func (qp *QP) placeAccepted(local net.Addr) {
+// acceptedOn returns the adapter whose address local is, for a queue
+// pair accepted there; nil if none is.
+func (qp *QP) acceptedOn(local net.Addr) *Adapter {
 	o, ok := qp.q.Owner().(*qpOwner)
 	ta, ok2 := local.(*net.TCPAddr)
 	if !ok || !ok2 {
-		return
+		return nil
 	}
 	ip := ta.AddrPort().Addr().Unmap()
 	s := &o.dev.adapters
@@ -312,5 +329,5 @@ func (qp *QP) placeAccepted(local net.Addr) {
 		a = s.adapters[i]
 	}
 	s.mu.RUnlock()
-	qp.setAdapter(a)
+	return a
 }

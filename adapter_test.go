@@ -281,3 +281,73 @@ func TestAdapterBadConfig(t *testing.T) {
 		t.Errorf("queue pair of a device without adapters on %v", p.a.Adapter())
 	}
 }
+
+// TestAdapterPlacementSharedMemory: a peer on this host reached by a
+// shared-memory adapter's row and a TCP adapter's row of the same length
+// is placed on the shared-memory one, and both ends of its queue pair run
+// over shared memory; a queue pair put on the TCP adapter runs over TCP.
+func TestAdapterPlacementSharedMemory(t *testing.T) {
+	dev := gowarp.Open()
+	pd := dev.AllocPD()
+	shm, err := dev.AddAdapter(gowarp.AdapterConfig{Name: "shm", Kind: gowarp.AdapterSharedMemory, LocalAddr: netip.MustParseAddr("127.0.0.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := dev.AddAdapter(gowarp.AdapterConfig{Name: "lo", LocalAddr: netip.MustParseAddr("127.0.0.2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := netip.MustParsePrefix("127.0.0.0/8")
+	if err := dev.SetTopology(gowarp.Topology{{Adapter: "lo", Remote: host}, {Adapter: "shm", Remote: host}}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := shm.Listen(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	scq, ccq := dev.NewCQ(16), dev.NewCQ(16)
+	peers := acceptLoop(t, pd, scq, ln)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	src, _ := pd.Register([]byte("over shared memory"), gowarp.LocalWrite)
+	for _, tc := range []struct {
+		via  *gowarp.Adapter // nil: as the topology places it
+		want *gowarp.Adapter
+		tr   gowarp.Transport
+	}{{nil, shm, gowarp.TransportSharedMemory}, {tcp, tcp, gowarp.TransportTCP}} {
+		qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: ccq, RecvCQ: ccq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer qp.Close()
+		if tc.via == nil {
+			err = qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{})
+		} else {
+			err = qp.ConnectVia(ctx, tc.via, ln.Addr().String(), gowarp.ConnectOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := <-peers
+		defer peer.Close()
+		if qp.Adapter() != tc.want || qp.Transport() != tc.tr || peer.Adapter() != shm || peer.Transport() != tc.tr {
+			t.Errorf("placed on %v over %v, the peer on %v over %v; want %v over %v, the peer on %v",
+				qp.Adapter(), qp.Transport(), peer.Adapter(), peer.Transport(), tc.want, tc.tr, shm)
+		}
+		dst, _ := pd.Register(make([]byte, src.Len()), gowarp.RemoteWrite)
+		if err := qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
+			SGL: []gowarp.SGE{{MR: src, Length: src.Len()}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			t.Fatal(err)
+		}
+		if err := dst.WaitPlaced(ctx, uint64(src.Len())); err != nil {
+			t.Fatal(err)
+		}
+		if string(dst.Bytes()) != "over shared memory" {
+			t.Errorf("placed %q", dst.Bytes())
+		}
+		if c := wait(t, ccq); c.Err() != nil {
+			t.Fatal(c.Err())
+		}
+	}
+}

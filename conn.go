@@ -309,10 +309,13 @@ func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }
 
 // Accept accepts the request on qp, an idle queue pair, sending the reply.
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
-	local := r.r.Conn().LocalAddr()
+	a := qp.acceptedOn(r.r.Conn().LocalAddr()) // adapter.go
+	if a != nil && a.Kind() == AdapterSharedMemory {
+		o.SharedMemory = true
+	}
 	err := connErr(qp.q.Accept(ctx, r.r, engine.ConnectOptions(o)))
 	if err == nil {
-		qp.placeAccepted(local) // adapter.go
+		qp.setAdapter(a)
 	}
 	return err
 }
