@@ -288,8 +288,10 @@ func (c *Client) Lookup(ctx context.Context, key string) (*Entry, error) {
 	return e, nil
 }
 
+// entryOf makes an entry of a reply call returned (its Addrs are the
+// reply's own copy).
 func entryOf(key string, r *Msg) *Entry {
-	return &Entry{Key: key, Gen: r.Gen, Size: int64(r.Size), Addrs: append([]Addr(nil), r.Addrs...)}
+	return &Entry{Key: key, Gen: r.Gen, Size: int64(r.Size), Addrs: r.Addrs}
 }
 
 // ReadAt reads n bytes of the value of key from offset off into dst,
@@ -692,12 +694,22 @@ func (cc *cliConn) send(s *cslot, m *Msg) error {
 
 // call sends m and waits for the reply; onReply, if set, sees a
 // successful reply while its slices still alias the receive buffer.
+// The reply returned is a copy (its Value left out): the slot's is
+// overwritten as soon as the slot is released.
 func (cc *cliConn) call(ctx context.Context, m *Msg, onReply func(*Msg)) (*Msg, error) {
 	s, err := cc.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
 	r, err := cc.callIn(ctx, s, m, onReply)
+	if r != nil {
+		c := *r
+		c.Value, c.Keys = nil, nil
+		if len(r.Addrs) > 0 {
+			c.Addrs = append([]Addr(nil), r.Addrs...)
+		}
+		r = &c
+	}
 	if !s.gaveUp && !cc.failed() {
 		cc.release(s)
 	}
@@ -777,7 +789,9 @@ func (cc *cliConn) read(ctx context.Context, e *Entry, dst *gowarp.MR, dstOff, n
 		k := int(hi - lo)
 		checks[nc] = check{piece: i, whole: lo == pstart && hi == pend, dst: dstOff + done, hdr: s.hdrOff + nc*HeaderLen, n: k}
 		nc++
-		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
+		// Only the header's Read is signaled: Reads complete in order, and
+		// one that fails completes whatever its flags.
+		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead,
 			RemoteAddr: a.Off + HeaderLen + uint64(lo-pstart), RKey: a.STag})
 		s.sges = append(s.sges, gowarp.SGE{MR: dst, Offset: dstOff + done, Length: k})
 		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
@@ -796,12 +810,12 @@ func (cc *cliConn) read(ctx context.Context, e *Entry, dst *gowarp.MR, dstOff, n
 		return 0, cc.lostErr()
 	}
 	got := int64(0)
-	for i := range len(s.wrs) {
+	for i := range nc {
 		if err := cc.wait(ctx, s, 1, true); err != nil {
 			return 0, err
 		}
-		if progress != nil && i%2 == 1 {
-			got += int64(checks[i/2].n)
+		if progress != nil {
+			got += int64(checks[i].n)
 			progress(got, int64(n))
 		}
 	}

@@ -147,7 +147,7 @@ func TestConcurrentClients(t *testing.T) {
 	errc := make(chan error, 64)
 	for ci := range 3 {
 		c := dial(t, addr, cache.ClientOptions{Conns: 2, Slots: 8, Logger: testLog(t)})
-		for g := range 6 {
+		for g := range 4 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -156,7 +156,7 @@ func TestConcurrentClients(t *testing.T) {
 					errc <- err
 					return
 				}
-				for i := range 30 {
+				for i := range 15 {
 					k := fmt.Sprintf("c%d-%d-%d", ci, g, i%5)
 					v := value(uint64(ci*1000+g*100+i), []int{100, 3000, 20 << 10, 50 << 10}[i%4])
 					if err := c.Put(ctx, k, v, cache.PutOptions{Durable: i%7 == 0}); err != nil {
