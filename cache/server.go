@@ -266,8 +266,10 @@ type srvConn struct {
 	recvs  []gowarp.RecvWR
 	sends  []gowarp.SendWR
 	sges   []gowarp.SGE
-	free   []int // reply buffers not in flight
-	wait   []int // receives waiting for a reply buffer
+	free   []int    // reply buffers not in flight
+	wait   [][2]int // receives (buffer, length) waiting for a reply buffer
+	batch  []gowarp.SendWR
+	rbatch []gowarp.RecvWR
 	msg    int
 	// pending are the allocations (OpAlloc) not yet committed, by
 	// generation: a client that vanishes leaves them as dead space.
@@ -379,28 +381,38 @@ func (c *srvConn) serve() {
 			case gowarp.CompSend:
 				c.free = append(c.free, int(w.ID))
 				if len(c.wait) > 0 {
-					k := c.wait[0]
+					r := c.wait[0]
 					c.wait = c.wait[1:]
-					if !c.request(k, c.recvs[k].SGL[0].Length) {
-						return
-					}
+					c.request(r[0], r[1])
 				}
 			case gowarp.CompRecv:
 				if len(c.free) == 0 {
-					c.wait = append(c.wait, int(w.ID))
+					c.wait = append(c.wait, [2]int{int(w.ID), w.Bytes})
 					continue
 				}
-				if !c.request(int(w.ID), w.Bytes) {
-					return
-				}
+				c.request(int(w.ID), w.Bytes)
 			}
+		}
+		// The replies to the requests of one poll leave together, in as
+		// few writes as the socket takes, and their receives go back.
+		if len(c.batch) > 0 {
+			if _, err := c.qp.PostSendList(c.batch); err != nil {
+				return
+			}
+			c.batch = c.batch[:0]
+		}
+		if len(c.rbatch) > 0 {
+			if _, err := c.qp.PostRecvList(c.rbatch); err != nil {
+				return
+			}
+			c.rbatch = c.rbatch[:0]
 		}
 	}
 }
 
-// request answers the request in receive buffer k (n bytes) and reposts
-// the buffer; false if the connection is done.
-func (c *srvConn) request(k, n int) bool {
+// request answers the request in receive buffer k (n bytes): the reply
+// and the receive to post again join the batches.
+func (c *srvConn) request(k, n int) {
 	start := time.Now()
 	b := c.recvMR.Bytes()[k*c.msg : k*c.msg+n]
 	// The request's bytes are decoded into c.in, which aliases the receive
@@ -430,11 +442,9 @@ func (c *srvConn) request(k, n int) bool {
 	if c.s.o.OnRequest != nil {
 		c.s.o.OnRequest(c.out.Op, c.out.Status, len(c.in.Value)+len(c.out.Value), time.Since(start))
 	}
-	if err := c.qp.PostSend(&c.sends[j]); err != nil {
-		return false
-	}
+	c.batch = append(c.batch, c.sends[j])
+	c.rbatch = append(c.rbatch, c.recvs[k])
 	c.addrs = c.out.Addrs
-	return c.qp.PostRecv(&c.recvs[k]) == nil
 }
 
 func (c *srvConn) handle(in, out *Msg) error {

@@ -607,21 +607,16 @@ func (s *store) delete(key string) error {
 	return nil
 }
 
-// readValue reads a whole value into dst with pread, checking every
-// piece's header.
+// readValue appends a whole value to dst, copied from the blocks'
+// mappings (a paged-out block's pages fault in from its file), checking
+// every piece's header.
 func (s *store) readValue(r *record, dst []byte) ([]byte, error) {
-	var hb [HeaderLen]byte
 	for _, e := range r.ext {
-		f := s.blocks[e.block].f
+		m := s.blocks[e.block].mr.Bytes()
+		p := m[e.off : int64(e.off)+HeaderLen+int64(e.n)]
 		at := len(dst)
-		dst = append(dst, make([]byte, e.n)...)
-		if _, err := f.ReadAt(hb[:], int64(e.off)); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrServer, err)
-		}
-		if _, err := f.ReadAt(dst[at:], int64(e.off)+HeaderLen); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrServer, err)
-		}
-		if !verifyPiece(hb[:], r.gen, dst[at:]) {
+		dst = append(dst, p[HeaderLen:]...)
+		if !verifyPiece(p[:HeaderLen], r.gen, dst[at:]) {
 			return nil, fmt.Errorf("%w: block %d offset %d fails its header check", ErrServer, e.block, e.off)
 		}
 	}
