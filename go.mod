@@ -3,6 +3,7 @@ module github.com/gowarp/gowarp
 go 1.26.0
 
 require (
+	github.com/bradfitz/gomemcache v0.0.0-20260422231931-4d751bb6e37c
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/creack/pty v1.1.24

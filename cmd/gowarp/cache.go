@@ -12,10 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/cache"
+	"github.com/gowarp/gowarp/internal/cachebench"
 )
 
 func init() {
@@ -286,6 +288,45 @@ func (b *bar) done() {
 }
 
 func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "gowarp cache bench: not yet")
-	return exitFailure
+	dur := fs.Duration("duration", 2*time.Second, "time per case")
+	conc := fs.Int("c", 16, "goroutines of the 4 KiB cases (the same for memcached and gowarp)")
+	largeConc := fs.Int("large-c", 2, "goroutines of the 1 MiB cases")
+	conns := fs.Int("conns", 0, "the gowarp client's connections (0: min(c, 4))")
+	keys := fs.Int("keys", 1000, "4 KiB values preloaded (1 MiB: a hundredth, at least 8)")
+	mcBin := fs.String("memcached", "memcached", "the memcached binary (scripts/memcached installs Debian's)")
+	asJSON := fs.Bool("json", false, "print one JSON object per result")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 || *conc < 1 || *largeConc < 1 || *keys < 1 || *conns < 0 {
+		fs.Usage()
+		return exitUsage
+	}
+	cfg := cachebench.Config{Duration: *dur, Concurrency: *conc, LargeConc: *largeConc, Keys: *keys, Conns: *conns, Memcached: *mcBin,
+		Log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	enc := json.NewEncoder(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	if !*asJSON {
+		fmt.Fprintln(tw, "system\tsize\tconc\tops/s\tMB/s\tp50 µs\tp99 µs\t")
+	}
+	err := cachebench.Run(ctx, cfg, func(r cachebench.Result) {
+		if *asJSON {
+			enc.Encode(r)
+			return
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t\n", r.System, fmtSize(int64(r.Size)), r.Concurrency, r.OpsPerSec, r.MBps, r.P50us, r.P99us)
+		fmt.Fprint(stderr, ".")
+	})
+	if !*asJSON {
+		fmt.Fprintln(stderr)
+	}
+	tw.Flush()
+	if err != nil {
+		fmt.Fprintln(stderr, "gowarp cache bench:", err)
+		return exitFailure
+	}
+	return exitOK
 }

@@ -1,0 +1,57 @@
+package cache_test
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/cache"
+)
+
+// BenchmarkGet4K and BenchmarkReadAt4K: 4 KiB values, 16 goroutines per
+// GOMAXPROCS, by the control path and one-sided; for profiles (the
+// comparison with memcached is `gowarp cache bench`).
+func BenchmarkGet4K(b *testing.B)    { bench4K(b, false) }
+func BenchmarkReadAt4K(b *testing.B) { bench4K(b, true) }
+
+func bench4K(b *testing.B, oneSided bool) {
+	addr, _, _ := startServer(b, cache.ServerOptions{})
+	c := dial(b, addr, cache.ClientOptions{Conns: 4})
+	ctx := ctxT(b)
+	v := value(1, 4096)
+	for i := range 100 {
+		if err := c.Put(ctx, key4K(i), v, cache.PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	b.SetParallelism(8)
+	b.SetBytes(4096)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		mr, _ := c.PD().Register(make([]byte, 4096), gowarp.LocalWrite)
+		var buf []byte
+		for pb.Next() {
+			k := key4K(int(next.Add(1) % 100))
+			var err error
+			if oneSided {
+				_, err = c.ReadAt(ctx, k, mr, 0, 4096, 0)
+			} else {
+				buf, err = c.GetInto(ctx, k, buf, cache.GetOptions{})
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+var keys4K = func() (ks [100]string) {
+	for i := range ks {
+		ks[i] = "k4-" + string(rune('a'+i/26)) + string(rune('a'+i%26))
+	}
+	return
+}()
+
+func key4K(i int) string { return keys4K[i] }
