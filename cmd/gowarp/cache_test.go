@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/cache"
+)
+
+// TestCacheCommands: put, get, ls, stat and del against a server in this
+// process, with a value small enough to go inline and one that goes by
+// RDMA; an unknown key fails with exit 1.
+func TestCacheCommands(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	srv, err := cache.NewServer(cache.ServerOptions{Dir: t.TempDir(), BlockSize: 256 << 10, Device: gowarp.Open(gowarp.WithLogger(log)), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	served := make(chan struct{})
+	go func() { srv.Serve(ctx, ln); close(served) }()
+	defer func() { cancel(); <-served; srv.Close() }()
+	addr := "-addr=" + ln.Addr().String()
+	dir := t.TempDir()
+	big := bytes.Repeat([]byte("0123456789abcdef"), 40000) // 640,000 bytes: three blocks
+	os.WriteFile(filepath.Join(dir, "small"), []byte("hello\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "big"), big, 0o644)
+	for _, args := range [][]string{
+		{"cache", "put", addr, "s", filepath.Join(dir, "small")},
+		{"cache", "put", addr, "-durable", "b", filepath.Join(dir, "big")},
+		{"cache", "get", addr, "b", filepath.Join(dir, "big.out")},
+	} {
+		if code, _, errs := runCmd(t, ctx, args...); code != exitOK {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "big.out")); !bytes.Equal(got, big) {
+		t.Fatalf("got %d bytes back, put %d", len(got), len(big))
+	}
+	if code, out, errs := runCmd(t, ctx, "cache", "get", addr, "s"); code != exitOK || out != "hello\n" {
+		t.Fatalf("get s: exit %d, %q, %s", code, out, errs)
+	}
+	if code, out, _ := runCmd(t, ctx, "cache", "ls", addr); code != exitOK || out != "b\ns\n" {
+		t.Fatalf("ls: exit %d, %q", code, out)
+	}
+	code, out, _ := runCmd(t, ctx, "cache", "stat", addr, "-json")
+	var st cache.Stats
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Keys != 2 || st.DurablePuts != 1 {
+		t.Fatalf("stat: exit %d, %q", code, out)
+	}
+	if code, _, _ := runCmd(t, ctx, "cache", "del", addr, "s"); code != exitOK {
+		t.Fatal("del failed")
+	}
+	if code, _, errs := runCmd(t, ctx, "cache", "get", addr, "s"); code != exitFailure || !strings.Contains(errs, "not found") {
+		t.Fatalf("get of a deleted key: exit %d, %s", code, errs)
+	}
+}
+
+// TestCacheBench runs the benchmark briefly, memcached included (it
+// starts memcached itself), and checks the JSON has every case.
+func TestCacheBench(t *testing.T) {
+	if _, err := exec.LookPath("memcached"); err != nil {
+		t.Skip("memcached is not installed (scripts/memcached installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	code, out, errs := runCmd(t, ctx, "cache", "bench", "-duration=100ms", "-keys=20", "-c=2", "-large-c=1", "-json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	systems := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r struct {
+			System string  `json:"system"`
+			Ops    int     `json:"ops"`
+			MBps   float64 `json:"MBps"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Ops == 0 || r.MBps <= 0 {
+			t.Fatalf("result %q (%v)", line, err)
+		}
+		systems[r.System] = true
+	}
+	for _, s := range []string{"memcached", "gowarp-get", "gowarp-readat", "gowarp-perf read_bw"} {
+		if !systems[s] {
+			t.Errorf("no %s result in %s", s, out)
+		}
+	}
+}
