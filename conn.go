@@ -161,6 +161,15 @@ type ConnectOptions struct {
 	// offers (the responder follows): 0 means 4 MiB; others are rounded
 	// up to a power of two from 64 KiB to 64 MiB.
 	SharedMemoryRing int
+	// Tenant names the STag table of the responder this connection is
+	// for (Device.Table(TenantIdentity(name)) there): the peer's STags are
+	// looked up in that table only. 1 to MaxTenantLen bytes of printable
+	// ASCII without spaces (ErrBadTenant). It travels in a block at the end
+	// of the private data, as Extensions does (PrivateData may be shorter
+	// by len(Tenant)+5); the responder confirms it, and Connect fails with
+	// ErrTenantRefused if it does not (a peer that knows no tenants). Only
+	// an initiator sets it; Accept ignores it.
+	Tenant string
 }
 
 // DefaultLinkTimeout is the LinkTimeout of ConnectOptions' zero value.
@@ -187,6 +196,10 @@ const NoReads = -1
 // a direct link to addr's IP, the queue pair is placed on that adapter
 // and dials from it (see Device.Place and QP.Adapter).
 func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
+	if from := qp.table().id.addr; from.IsValid() {
+		// Bound to a local address: the connection leaves from it.
+		return qp.connectFrom(ctx, addr, from, o)
+	}
 	if a, ap := qp.placement(addr); a != nil {
 		return qp.connectVia(ctx, a, ap, o) // adapter.go
 	}
@@ -212,6 +225,10 @@ func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) err
 	if c == nil {
 		return fmt.Errorf("%w: ConnectConn with no connection", ErrBadConfig)
 	}
+	if err := qp.checkLocal(c); err != nil {
+		c.Close()
+		return err
+	}
 	return connErr(qp.q.ConnectConn(ctx, c, engine.ConnectOptions(o)))
 }
 
@@ -220,7 +237,9 @@ func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) err
 // silent holds up nobody; a peer that sends no valid MPA request within 5
 // seconds is dropped and logged.
 type Listener struct {
-	l *cm.Listener
+	l     *cm.Listener
+	dev   *Device
+	table *Table // the table its connections reach; nil: by identity (see ConnRequest.Table)
 }
 
 // Listen listens for connections on addr (host:port).
@@ -239,7 +258,7 @@ func (d *Device) ListenOn(ln net.Listener) (*Listener, error) {
 	if ln == nil {
 		return nil, fmt.Errorf("%w: ListenOn with no listener", ErrBadConfig)
 	}
-	return &Listener{l: cm.Listen(ln, d.log)}, nil
+	return &Listener{l: cm.Listen(ln, d.log), dev: d}, nil
 }
 
 // Addr returns the listening address.
@@ -257,7 +276,7 @@ func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &ConnRequest{r: r}, nil
+	return &ConnRequest{r: r, ln: l}, nil
 }
 
 // ReadConnRequest reads the MPA request a connecting peer sends on c, a
@@ -282,7 +301,8 @@ func ReadConnRequest(ctx context.Context, c net.Conn) (*ConnRequest, error) {
 
 // ConnRequest is an incoming connection waiting to be accepted or rejected.
 type ConnRequest struct {
-	r *cm.Request
+	r  *cm.Request
+	ln *Listener // nil for ReadConnRequest's
 }
 
 // PrivateData returns the private data the connecting peer sent.
@@ -309,6 +329,9 @@ func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }
 
 // Accept accepts the request on qp, an idle queue pair, sending the reply.
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
+	if err := r.checkTable(qp); err != nil {
+		return err
+	}
 	a := qp.acceptedOn(r.r.Conn().LocalAddr()) // adapter.go
 	if a != nil && a.Kind() == AdapterSharedMemory {
 		o.SharedMemory = true

@@ -134,7 +134,7 @@ type TermError = wire.TermError
 // Device is a software RDMA device: the STag table its regions live in and
 // the protection domains that partition it.
 type Device struct {
-	table   *mem.Table
+	tables  tables
 	nextPD  atomic.Uint32
 	log     *slog.Logger
 	events  chan Event
@@ -165,7 +165,8 @@ func WithEventBuffer(n int) DeviceOption {
 func Open(opts ...DeviceOption) *Device {
 	// STags are drawn at random per registration (mem.Table), so that a
 	// peer holding one cannot name another, nor a stale one a new region.
-	d := &Device{table: mem.NewTable(), log: slog.Default()}
+	d := &Device{log: slog.Default()}
+	d.tables.def = d.newTable(Identity{})
 	for _, o := range opts {
 		o(d)
 	}
@@ -250,11 +251,12 @@ func (d *Device) emit(e engine.Event) {
 // used together; a peer connected to a QP reaches only its PD's regions.
 type PD struct {
 	dev *Device
+	tbl *Table // the STag table its regions live in
 	id  uint32
 }
 
-// AllocPD returns a new protection domain.
-func (d *Device) AllocPD() *PD { return &PD{dev: d, id: d.nextPD.Add(1)} }
+// AllocPD returns a new protection domain of the device's default table.
+func (d *Device) AllocPD() *PD { return d.tables.def.AllocPD() }
 
 // Register registers buf as a memory region with the given rights. Its
 // tagged offsets start at the buffer's address, as with libibverbs.
@@ -288,7 +290,7 @@ func (pd *PD) RegisterBuffers(bufs [][]byte, access Access, o RegisterOptions) (
 }
 
 func (pd *PD) register(bufs [][]byte, access Access, o mem.Options) (*MR, error) {
-	r, err := pd.dev.table.Register(pd.id, bufs, mem.Access(access), o)
+	r, err := pd.tbl.t.Register(pd.id, bufs, mem.Access(access), o)
 	if err != nil {
 		return nil, err
 	}

@@ -77,7 +77,7 @@ type FileOptions struct {
 // goes through the receive staging buffer (one copy more than memory),
 // so that a fault is caught.
 func (pd *PD) RegisterFile(f *os.File, off, length int64, access Access, o FileOptions) (*MR, error) {
-	r, err := pd.dev.table.RegisterFile(pd.id, f, off, length, mem.Access(access), mem.Semantics(o.Semantics),
+	r, err := pd.tbl.t.RegisterFile(pd.id, f, off, length, mem.Access(access), mem.Semantics(o.Semantics),
 		mem.Options{Addr: o.Addr, Key: o.Key, KeyFixed: o.KeyFixed, Index: o.Index})
 	if err != nil {
 		return nil, err

@@ -188,7 +188,7 @@ func (pd *PD) NewQP(c QPConfig) (*QP, error) {
 	q, err := engine.NewQP(engine.Config{
 		SendDepth: c.SendDepth, RecvDepth: c.RecvDepth,
 		SendCQ: engCQ(c.SendCQ), RecvCQ: engCQ(c.RecvCQ),
-		PD: pd.id, Table: pd.dev.table,
+		PD: pd.id, Table: pd.tbl.t,
 		Completion: engine.CompletionMode(c.Completion), AsyncOnly: c.AsyncOnly,
 		Logger: pd.dev.log, Events: pd.dev.emit, Owner: &qpOwner{dev: pd.dev},
 	})

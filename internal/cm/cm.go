@@ -53,6 +53,9 @@ type Options struct {
 	// Ext offers RFC 7306's extensions (see ext.go): an initiator adds
 	// its offer to the request, a responder answers one it received.
 	Ext bool
+	// Tenant names the responder's STag table the connection is for (see
+	// tenant.go); an initiator sends it, a responder echoes the request's.
+	Tenant string
 	// LinkTimeout bounds how long the peer may go unheard, from the MPA
 	// exchange on (see SetLinkTimeout): 0 for DefaultLinkTimeout, negative
 	// for no bound of gowarp's.
@@ -95,6 +98,12 @@ func (o *Options) check() error {
 	}
 	if o.Shm {
 		max -= shmBlockLen
+	}
+	if o.Tenant != "" {
+		if err := CheckTenant(o.Tenant); err != nil {
+			return err
+		}
+		max -= tenantBlockLen(o.Tenant)
 	}
 	if len(o.PrivateData) > max {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPrivateDataLong, len(o.PrivateData), max)
@@ -183,8 +192,11 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (res Result, err error
 	_ = SetLinkTimeout(c, o.LinkTimeout)
 	defer deadline(ctx, c, replyTimeout)()
 	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
+	if o.Tenant != "" {
+		req.PrivateData = appendTenant(req.PrivateData, o.Tenant)
+	}
 	if o.Ext {
-		req.PrivateData = appendExt(o.PrivateData)
+		req.PrivateData = appendExt(req.PrivateData)
 	}
 	offer, shmErr := offerShm(c, &o)
 	if offer != nil {
@@ -237,6 +249,13 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (res Result, err error
 	if o.Ext {
 		// Only a responder that saw our offer answers with its own.
 		r.PrivateData, r.Ext = cutExt(r.PrivateData)
+	}
+	if o.Tenant != "" {
+		pd, name, err := CutTenant(r.PrivateData)
+		if err != nil || name != o.Tenant {
+			return Result{}, fmt.Errorf("%w: asked for %q, reply confirms %q", ErrTenantRefused, o.Tenant, name)
+		}
+		r.PrivateData = pd
 	}
 	if rep.Enhanced {
 		// The responder's ORD is how many Reads it may send us: our IRD
@@ -294,7 +313,12 @@ type Request struct {
 	// shmErr why it is refused at once (malformed).
 	shm    *shmBlock
 	shmErr error
+	// tenant is the tenant name the initiator gave, "" for none.
+	tenant string
 }
+
+// Tenant returns the tenant name the initiator gave, "" for none.
+func (r *Request) Tenant() string { return r.tenant }
 
 // OffersExt reports whether the initiator offered RFC 7306's extensions.
 func (r *Request) OffersExt() bool { return r.ext }
@@ -345,6 +369,11 @@ func readRequest(ctx context.Context, c net.Conn) (*Request, error) {
 		req.shm, req.shmErr = &blk, err
 	}
 	req.Frame.PrivateData, req.ext = cutExt(pd)
+	var err2 error
+	if req.Frame.PrivateData, req.tenant, err2 = CutTenant(req.Frame.PrivateData); err2 != nil {
+		req.reject(nil, f.Revision)
+		return nil, fmt.Errorf("%w: %w", ErrProtocol, err2)
+	}
 	switch {
 	case f.Markers:
 		req.reject(nil, f.Revision)
@@ -360,6 +389,7 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	o.Revision = int(r.Frame.Revision)
 	o.Ext = o.Ext && r.ext // no block for an initiator that offered none
 	o.Shm = o.Shm && r.shm != nil
+	o.Tenant = r.tenant // echoed: the initiator waits for its confirmation
 	o.defaults()
 	if err := o.check(); err != nil {
 		return Result{}, err
@@ -369,9 +399,12 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	f := &r.Frame
 	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.ird(), ORD: o.ord(), HoldTx: true, PrivateData: f.PrivateData}
 	rep := wire.MPAFrame{Reply: true, CRC: res.CRC, Revision: f.Revision, PrivateData: o.PrivateData}
+	if r.tenant != "" {
+		rep.PrivateData = appendTenant(rep.PrivateData, r.tenant)
+	}
 	if o.Ext && r.ext {
 		// Never to an initiator that did not offer: it may not know them.
-		rep.PrivateData, res.Ext = appendExt(o.PrivateData), true
+		rep.PrivateData, res.Ext = appendExt(rep.PrivateData), true
 	}
 	if o.Shm {
 		var ans *shmBlock

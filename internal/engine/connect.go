@@ -34,6 +34,7 @@ type ConnectOptions struct {
 	// SharedMemory and SharedMemoryRing: see link_shm.go.
 	SharedMemory     bool
 	SharedMemoryRing int
+	Tenant           string
 }
 
 // NoReads as ConnectOptions.IRD or ORD asks for none: IRD 0 serves no
@@ -46,7 +47,7 @@ const NoReads = -1
 const nudgeTicks = 20
 
 func (o *ConnectOptions) cm() cm.Options {
-	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout, Ext: o.Extensions, Shm: o.SharedMemory, ShmRing: o.SharedMemoryRing}
+	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout, Ext: o.Extensions, Shm: o.SharedMemory, ShmRing: o.SharedMemoryRing, Tenant: o.Tenant}
 }
 
 // Connect connects an idle queue pair to a listening peer at addr

@@ -328,6 +328,9 @@ func (q *QP) Params() Params { return q.params }
 // Owner returns Config.Owner.
 func (q *QP) Owner() any { return q.cfg.Owner }
 
+// Table returns the STag table the queue pair looks peers' STags up in.
+func (q *QP) Table() *mem.Table { return q.cfg.Table }
+
 // FPDUSize returns the size on the wire of a full FPDU on this connection
 // now (the TCP segment, rounded down to 4 on links with real segments; on
 // loopback the MSS less room for TCP's options, rounded down to 8, which

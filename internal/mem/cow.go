@@ -50,11 +50,12 @@ var snapshotWait = time.Second
 // The fields of Region.wuse: the write holds and the flags a writer must
 // look at.
 const (
-	wClosed  = 1 << 63    // Deregister has begun: no write hold is granted
-	wGate    = 1 << 62    // a snapshot is being taken: new writes wait
-	wCOW     = 1 << 61    // snapshots exist: a write copies shared pages first
-	wWriters = wCOW - 1   // the count of write holds
-	wDec     = ^uint64(0) // adds -1
+	wClosed  = 1 << 63     // Deregister has begun: no write hold is granted
+	wGate    = 1 << 62     // a snapshot is being taken: new writes wait
+	wCOW     = 1 << 61     // snapshots exist: a write copies shared pages first
+	wFrozen  = 1 << 60     // the table is frozen for an export: no write hold is granted
+	wWriters = wFrozen - 1 // the count of write holds
+	wDec     = ^uint64(0)  // adds -1
 )
 
 type page [PageSize]byte
@@ -100,7 +101,7 @@ type Snapshot struct {
 // it is. The memory written must come from WriteSlices.
 func (r *Region) TryHoldWrite() bool {
 	v := r.wuse.Add(1)
-	if v&(wClosed|wGate) == 0 {
+	if v&(wClosed|wGate|wFrozen) == 0 {
 		return true
 	}
 	return r.holdWriteSlow(v)
@@ -111,7 +112,7 @@ func (r *Region) TryHoldWrite() bool {
 func (r *Region) holdWriteSlow(v uint64) bool {
 	for {
 		switch {
-		case v&wClosed != 0:
+		case v&(wClosed|wFrozen) != 0:
 			r.wuse.Add(wDec)
 			return false
 		case v&wGate == 0:
@@ -219,6 +220,9 @@ func (r *Region) WriteAt(b []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("%w: %d bytes at offset %d of a %d-byte region", ErrBounds, len(b), off, r.length)
 	}
 	if !r.TryHoldWrite() {
+		if r.wuse.Load()&wFrozen != 0 {
+			return 0, ErrFrozen
+		}
 		return 0, ErrInvalid
 	}
 	defer r.UnholdWrite()

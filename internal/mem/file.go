@@ -61,6 +61,21 @@ func (t *Table) RegisterFile(pd uint32, f *os.File, off, length int64, access Ac
 	case int64(int(length)) != length:
 		return nil, fmt.Errorf("%w: %d bytes", ErrAddrWrap, length)
 	}
+	fm, err := mapFile(f, off, length)
+	if err != nil {
+		return nil, err
+	}
+	r := &Region{pd: pd, access: access, table: t, file: fm, sem: sem}
+	if err := t.insert(r, [][]byte{fm.data}, o); err != nil {
+		fm.unmap()
+		return nil, err
+	}
+	return r, nil
+}
+
+// mapFile maps length bytes of f from offset off, shared and read-write,
+// keeping a duplicate of f's descriptor.
+func mapFile(f *os.File, off, length int64) (*fileMap, error) {
 	fd, err := unix.Dup(int(f.Fd()))
 	if err != nil {
 		return nil, fmt.Errorf("mem: register file: %w", err)
@@ -73,14 +88,12 @@ func (t *Table) RegisterFile(pd uint32, f *os.File, off, length int64, access Ac
 		dup.Close()
 		return nil, fmt.Errorf("mem: register file: mmap %s: %w", f.Name(), err)
 	}
-	fm := &fileMap{f: dup, off: off, mapped: mapped, data: mapped[skip : skip+length : skip+length]}
-	r := &Region{pd: pd, access: access, table: t, file: fm, sem: sem}
-	if err := t.insert(r, [][]byte{fm.data}, o); err != nil {
-		fm.unmap()
-		return nil, err
-	}
-	return r, nil
+	return &fileMap{f: dup, off: off, mapped: mapped, data: mapped[skip : skip+length : skip+length]}, nil
 }
+
+// fileOrigin returns the name and offset of the file range a file region
+// maps.
+func (r *Region) fileOrigin() (string, int64) { return r.file.f.Name(), r.file.off }
 
 // unmap releases the mapping and the descriptor; it runs once.
 func (m *fileMap) unmap() error {

@@ -89,6 +89,9 @@ func (r *Region) Expose(s Semantics, key uint8, fixed bool) (STag, error) {
 	if !r.valid.Load() {
 		return 0, ErrInvalid
 	}
+	if t.frozen.Load() {
+		return 0, ErrFrozen
+	}
 	old := r.keys.Load()
 	used := func(k uint8) bool { return k == r.stag.Key() || old != nil && old.contains(k) }
 	if fixed {
@@ -125,6 +128,9 @@ func (r *Region) Revoke(s STag) error {
 	t := r.table
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.frozen.Load() {
+		return ErrFrozen
+	}
 	old := r.keys.Load()
 	if s.Index() != r.stag.Index() || old == nil || !old.contains(s.Key()) {
 		return fmt.Errorf("%w: %v is not an exposed key of the region", ErrInvalid, s)

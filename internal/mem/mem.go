@@ -400,6 +400,12 @@ type Table struct {
 	mu      sync.RWMutex
 	regions map[uint32]*Region
 	rng     *rand.ChaCha8 // under mu
+	// frozen: an export holds the table still (see migrate.go). Set and
+	// cleared under mu; Invalidate reads it without.
+	frozen atomic.Bool
+	// Owner is the API's value for the table (the root package's Table),
+	// set once before the table is used.
+	Owner any
 }
 
 // NewTable returns an empty table.
@@ -450,6 +456,9 @@ func (t *Table) insert(r *Region, bufs [][]byte, o Options) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.frozen.Load() {
+		return ErrFrozen
+	}
 	x := t.rng.Uint64()
 	key := uint8(x >> 32)
 	if o.Key != 0 || o.KeyFixed {
@@ -498,6 +507,10 @@ func (t *Table) Deregister(r *Region) error {
 	if t.regions[idx] != r {
 		t.mu.Unlock()
 		return ErrNotInTable
+	}
+	if t.frozen.Load() {
+		t.mu.Unlock()
+		return ErrFrozen
 	}
 	for {
 		u := r.use.Load()
@@ -600,6 +613,9 @@ func (t *Table) Invalidate(pd uint32, s STag) Reason {
 	r, why := t.Lookup(s)
 	if why != OK {
 		return why
+	}
+	if t.frozen.Load() {
+		return InvalidSTag // the table is being exported: its state stays as copied
 	}
 	if r.pd != pd {
 		return NotAssociated
