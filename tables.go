@@ -157,6 +157,22 @@ func (d *Device) lookupTable(id Identity) *Table {
 	return d.tables.by[id]
 }
 
+// Lookup returns the valid region of the table that s names (through any
+// of its keys), nil if none.
+func (t *Table) Lookup(s STag) *MR {
+	r, why := t.t.Lookup(mem.STag(s))
+	if why != mem.OK {
+		return nil
+	}
+	return pubMR(r)
+}
+
+// Device returns the protection domain's device.
+func (pd *PD) Device() *Device { return pd.dev }
+
+// Table returns the STag table the protection domain's regions live in.
+func (pd *PD) Table() *Table { return pd.tbl }
+
 // Identity returns the identity the table is bound to.
 func (t *Table) Identity() Identity { return t.id }
 
@@ -238,10 +254,9 @@ func (r *ConnRequest) tableOn(d *Device) (*Table, error) {
 
 // checkTable makes sure qp is of the table the request reaches.
 func (r *ConnRequest) checkTable(qp *QP) error {
+	// The queue pair's device decides, as a listener of one device may
+	// serve the queue pairs of another.
 	t := qp.table()
-	if r.ln != nil && r.ln.dev != t.dev {
-		return fmt.Errorf("%w: the queue pair is of another device than the listener", ErrWrongTable)
-	}
 	want, err := r.tableOn(t.dev)
 	if err != nil {
 		return err
