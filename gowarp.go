@@ -114,7 +114,8 @@ var (
 	ErrTableFull = mem.ErrTableFull
 	// ErrIndexInUse: a registration asked for an STag index
 	// (RegisterOptions.Index, FileOptions.Index) another region has, or
-	// one wider than 24 bits.
+	// one wider than 24 bits; Table.Import of a stream with an STag whose
+	// index the table has.
 	ErrIndexInUse = mem.ErrIndexInUse
 	// ErrSnapshotClosed: a read or Close of a closed Snapshot.
 	ErrSnapshotClosed = mem.ErrSnapshotClosed

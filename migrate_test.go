@@ -420,7 +420,7 @@ func TestMigrateBadImport(t *testing.T) {
 	if got := imp.MR(mr.STag()); got == nil || string(got.Bytes()) != "the table's only region" || imp.PD(mr.STag()) == nil || imp.From != "default" {
 		t.Fatalf("imported %+v", imp)
 	}
-	if _, err := dst.Import(ctx, bytes.NewReader(stream), gowarp.ImportOptions{}); !errors.Is(err, gowarp.ErrSTagInUse) || dst.Len() != 1 {
+	if _, err := dst.Import(ctx, bytes.NewReader(stream), gowarp.ImportOptions{}); !errors.Is(err, gowarp.ErrIndexInUse) || dst.Len() != 1 {
 		t.Errorf("import over an STag in use: %v, %d regions", err, dst.Len())
 	}
 	src.Thaw()

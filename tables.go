@@ -51,8 +51,6 @@ var (
 	// ErrBadExport: an import stream that is corrupt, cut short, of
 	// another format version, or inconsistent.
 	ErrBadExport = mem.ErrBadExport
-	// ErrSTagInUse: an import whose STag index is in use in the table.
-	ErrSTagInUse = mem.ErrSTagInUse
 	// ErrImportSize: an imported region larger than ImportOptions.MaxBytes.
 	ErrImportSize = mem.ErrImportSize
 )
@@ -409,7 +407,7 @@ func (im *Imported) PD(s STag) *PD {
 // carries on with the STags it holds. Nothing is registered unless the
 // whole stream is read and checks out: a corrupt, truncated or
 // inconsistent stream fails with ErrBadExport, an STag whose index is in
-// use in t with ErrSTagInUse, a frozen t with ErrTableFrozen.
+// use in t with ErrIndexInUse, a frozen t with ErrTableFrozen.
 func (t *Table) Import(ctx context.Context, r io.Reader, o ImportOptions) (*Imported, error) {
 	var pds []*PD
 	imp, err := t.t.Import(ctx, r, func() uint32 {

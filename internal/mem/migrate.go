@@ -32,7 +32,6 @@ import (
 // Errors of export and import.
 var (
 	ErrFrozen     = errors.New("mem: the STag table is frozen for an export")
-	ErrSTagInUse  = errors.New("mem: an imported STag's index is in use in this table")
 	ErrImportSize = errors.New("mem: an imported region is larger than the import allows")
 )
 
@@ -244,7 +243,7 @@ type Imported struct {
 // newPD is called once per protection domain of the stream, in order, for
 // the PD its regions get here. Nothing is registered unless the whole
 // stream is read and checked: a corrupt or truncated stream fails with
-// ErrBadExport, an STag whose index is in use with ErrSTagInUse, a frozen
+// ErrBadExport, an STag whose index is in use with ErrIndexInUse, a frozen
 // table with ErrFrozen.
 func (t *Table) Import(ctx context.Context, rd io.Reader, newPD func() uint32, o ImportOptions) (*Imported, error) {
 	if o.MaxBytes <= 0 {
@@ -367,7 +366,7 @@ func (t *Table) Import(ctx context.Context, rd io.Reader, newPD func() uint32, o
 	}
 	for _, r := range imp.Regions {
 		if t.regions[r.stag.Index()] != nil {
-			return nil, fmt.Errorf("%w: %v", ErrSTagInUse, r.stag)
+			return nil, fmt.Errorf("%w: %v", ErrIndexInUse, r.stag)
 		}
 	}
 	for _, r := range imp.Regions {

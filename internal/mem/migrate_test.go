@@ -231,7 +231,7 @@ func TestImportOverExistingSTag(t *testing.T) {
 	if _, err := dst.Import(context.Background(), bytes.NewReader(stream), newPDs(), ImportOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dst.Import(context.Background(), bytes.NewReader(stream), newPDs(), ImportOptions{}); !errors.Is(err, ErrSTagInUse) {
+	if _, err := dst.Import(context.Background(), bytes.NewReader(stream), newPDs(), ImportOptions{}); !errors.Is(err, ErrIndexInUse) {
 		t.Fatalf("second import: %v", err)
 	}
 	if dst.Len() != len(regs) {
