@@ -11,7 +11,11 @@
 // connected with Connect on one side and a Listener on the other, or over
 // a stream the application already has: ConnectConn over any net.Conn
 // (a TLS connection, a socket of another network namespace) and ListenOn
-// over any net.Listener.
+// over any net.Listener. A device's adapters and topology place queue
+// pairs on the links that reach their peers directly (Device.AddAdapter,
+// Device.SetTopology, QP.Adapter); a Session (PD.DialSession,
+// PD.ListenSession) bundles connections over several of them and
+// survives the loss of any, each Send delivered exactly once.
 //
 //	dev := gowarp.Open()
 //	pd := dev.AllocPD()

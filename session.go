@@ -14,29 +14,7 @@ import (
 	"github.com/gowarp/gowarp/internal/failover"
 )
 
-// Sessions (C14): a Session bundles connections over several paths
-// (adapters) to one peer and survives the loss of any of them. See
-// docs/failover.md for the protocol and what is guaranteed for which
-// operation; in short:
-//
-//   - Sends are delivered exactly once and in order. Each carries a
-//     16-byte fail-over header (session, sequence) in front of its bytes;
-//     the receiving session takes it into a buffer of its own, drops a
-//     sequence number it has seen (a resent duplicate), hands the bytes to
-//     the application's next receive and acknowledges, cumulatively, what
-//     it has delivered. The sender keeps every message until it is
-//     acknowledged and, when a connection fails, resends them in order on
-//     another.
-//   - Writes are sent as Writes with immediate data whose immediate value
-//     is their sequence number: they are acknowledged, ordered and resent
-//     as Sends are, but a resent Write places its bytes again: that is
-//     harmless only when nothing else wrote those bytes in between.
-//   - Reads are resent when their connection failed before their response
-//     came: they read the bytes again, the same bytes only when nothing
-//     else wrote them in between.
-//
-// Each completion, on either side, reaches the application once, in the
-// order of posting, on the session (Poll, Wait), never on a QP's CQ.
+// Sessions (C14): see the Session type and docs/failover.md.
 
 // Session errors.
 var (
@@ -156,10 +134,35 @@ const (
 	ctlSlots = ackSlots + 2
 )
 
-// Session is a reliable, ordered, exactly-once channel to one peer over
-// several connections: see DialSession, ListenSession and the
-// package's session documentation (docs/failover.md). Its methods are
-// safe for concurrent use.
+// Session is a reliable, ordered channel to one peer over several
+// connections (paths, one per link or adapter) that survives the loss of
+// any of them: DialSession opens one, a SessionListener accepts it. One
+// connection at a time carries this side's traffic; when it fails (its
+// heartbeat goes unanswered for SessionConfig.HeartbeatTimeout, or its
+// queue pair fails), what was not acknowledged is sent again, in order,
+// on another, and a dead path is dialed again in the background. What is
+// guaranteed for which operation (docs/failover.md has the protocol):
+//
+//   - Sends are delivered exactly once and in order. Each carries a
+//     16-byte fail-over header (session, sequence) in front of its bytes;
+//     the receiving session takes it into a buffer of its own, drops a
+//     sequence number it has seen (a resent duplicate), hands the bytes to
+//     the application's next receive and acknowledges, cumulatively, what
+//     it has delivered. The sender keeps every message until it is
+//     acknowledged and, when a connection fails, resends them in order on
+//     another.
+//   - Writes are sent as Writes with immediate data whose immediate value
+//     is their sequence number: they are acknowledged, ordered and resent
+//     as Sends are, but a resent Write places its bytes again: that is
+//     harmless only when nothing else wrote those bytes in between.
+//   - Reads are resent when their connection failed before their response
+//     came: they read the bytes again, the same bytes only when nothing
+//     else wrote them in between.
+//
+// Each completion, on either side, reaches the application once, in the
+// order of posting, on the session (Poll, Wait), never on a QP's CQ.
+// Work that cannot be delivered within SessionConfig.Deadline completes
+// with ErrSessionTimeout. Its methods are safe for concurrent use.
 type Session struct {
 	pd        *PD
 	cfg       SessionConfig
@@ -205,6 +208,7 @@ type Session struct {
 	rHead      uint64
 	rTail      uint64
 	ackTo      *sconn // where the peer's messages last came from
+	forget     func() // a listener's: drops the session from its table
 
 	// Completions for the application.
 	comp         []SessionCompletion
@@ -1053,6 +1057,9 @@ func (s *Session) failLocked(err error) {
 	clear(s.byQP)
 	s.tx, s.ackTo = nil, nil
 	close(s.done)
+	if s.forget != nil {
+		go s.forget() // it takes the listener's lock, which is taken before ours
+	}
 }
 
 // Close ends the session: outstanding work completes with
@@ -1149,6 +1156,13 @@ func (l *SessionListener) join(req *ConnRequest) {
 			return
 		}
 		s.peerWindow, s.peerMax = uint64(h.Window), int(h.MaxMessage)
+		s.forget = func() {
+			l.mu.Lock()
+			if l.sessions[s.id] == s {
+				delete(l.sessions, s.id)
+			}
+			l.mu.Unlock()
+		}
 		l.sessions[h.Session] = s
 		isNew = true
 	}

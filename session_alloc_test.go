@@ -2,6 +2,7 @@ package gowarp_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -84,5 +85,30 @@ func TestFailoverHotPathAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(200, round); n > 0 {
 		t.Errorf("%v allocations per session round (Write, Send, receive, acks), want 0", n)
+	}
+}
+
+// TestFailoverPeerGone: when the peer closes its session, the paths
+// dialed again are refused (the peer knows the session no more), and the
+// session fails with ErrSessionLost: its work completes with it, at once,
+// not at the deadline.
+func TestFailoverPeerGone(t *testing.T) {
+	cli, srv, pd := loopSession(t, gowarp.SessionConfig{Deadline: time.Minute})
+	src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
+	srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for cli.Err() == nil && ctx.Err() == nil {
+		_ = cli.PostSend(&gowarp.SendWR{ID: 7, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}})
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cli.Err(); !errors.Is(err, gowarp.ErrSessionLost) {
+		t.Fatalf("session after its peer closed: %v, want ErrSessionLost", err)
+	}
+	var wc [256]gowarp.SessionCompletion
+	for _, c := range wc[:cli.Poll(wc[:])] {
+		if c.Err != nil && !errors.Is(c.Err, gowarp.ErrSessionLost) {
+			t.Errorf("completion %d: %v, want success or ErrSessionLost", c.ID, c.Err)
+		}
 	}
 }

@@ -118,8 +118,9 @@ func setLink(t testing.TB, n *netns.Pair, k int, up bool) {
 
 // stream is one side's traffic on a session: it posts count work
 // requests, as many as depth outstanding: even ones Sends of size bytes
-// whose first 8 carry their index, odd ones Writes of their index into
-// the 8 bytes at index*8 of dst. It checks that each completes once,
+// whose first 8 carry their index; of the odd ones i, Writes of i into the
+// 8 bytes at i*8 of dst (i%4 == 1) and Reads of the word the Write before
+// them wrote (i%4 == 3), which must find it there. It checks that each completes once,
 // successfully, in order, and records when. It also receives the peer's
 // stream of peerCount: each Send once, in order, with its bytes.
 type stream struct {
@@ -132,6 +133,7 @@ type stream struct {
 	mu          sync.Mutex
 	done        []time.Time // by completion order
 	sends, wrs  int
+	reads       int
 	recvd       int
 }
 
@@ -147,6 +149,10 @@ func (st *stream) run(pd *gowarp.PD) error {
 		return err
 	}
 	words, err := pd.Register(make([]byte, st.count*8), gowarp.LocalWrite)
+	if err != nil {
+		return err
+	}
+	back, err := pd.Register(make([]byte, st.count*8), gowarp.LocalWrite)
 	if err != nil {
 		return err
 	}
@@ -177,10 +183,13 @@ func (st *stream) run(pd *gowarp.PD) error {
 				off := posted % st.depth * st.size
 				binary.LittleEndian.PutUint64(src.Bytes()[off:], uint64(posted))
 				wr.Op, wr.SGL = gowarp.OpSend, []gowarp.SGE{{MR: src, Offset: off, Length: st.size}}
-			} else {
+			} else if posted%4 == 1 {
 				binary.LittleEndian.PutUint64(words.Bytes()[posted*8:], uint64(posted))
 				wr.Op, wr.SGL = gowarp.OpWrite, []gowarp.SGE{{MR: words, Offset: posted * 8, Length: 8}}
 				wr.RemoteAddr, wr.RKey = st.dst.Addr()+uint64(posted*8), uint32(st.dst.STag())
+			} else {
+				wr.Op, wr.SGL = gowarp.OpRead, []gowarp.SGE{{MR: back, Offset: posted * 8, Length: 8}}
+				wr.RemoteAddr, wr.RKey = st.dst.Addr()+uint64((posted-2)*8), uint32(st.dst.STag())
 			}
 			if err := st.s.PostSend(&wr); err != nil {
 				return fmt.Errorf("post %d: %w", posted, err)
@@ -219,10 +228,17 @@ func (st *stream) run(pd *gowarp.PD) error {
 				return fmt.Errorf("completion of %d, want %d (lost, repeated or out of order)", c.ID, next)
 			}
 			want := gowarp.CompSend
-			if next%2 == 1 {
+			switch next % 4 {
+			case 1:
 				want = gowarp.CompWrite
 				st.wrs++
-			} else {
+			case 3:
+				want = gowarp.CompRead
+				st.reads++
+				if v := binary.LittleEndian.Uint64(back.Bytes()[next*8:]); v != uint64(next-2) {
+					return fmt.Errorf("Read %d found %d, want the word Write %d wrote", next, v, next-2)
+				}
+			default:
 				st.sends++
 			}
 			if c.Op != want {
@@ -276,8 +292,8 @@ func testFailover(t *testing.T, cuts int, netem string) {
 	}
 	// Paced to last about 10 s: time for the cuts, and the links' rejoins.
 	const count, size = 40000, 512
-	dstS, _ := sn.spd.Register(make([]byte, count*8), gowarp.RemoteWrite)
-	dstC, _ := sn.cpd.Register(make([]byte, count/4*8), gowarp.RemoteWrite)
+	dstS, _ := sn.spd.Register(make([]byte, count*8), gowarp.RemoteWrite|gowarp.RemoteRead)
+	dstC, _ := sn.cpd.Register(make([]byte, count/4*8), gowarp.RemoteWrite|gowarp.RemoteRead)
 	up := &stream{s: sn.cli, count: count, size: size, depth: 64, dst: dstS, peerCount: count / 4, rate: count / 10}
 	down := &stream{s: sn.srv, count: count / 4, size: size, depth: 32, dst: dstC, peerCount: count, rate: count / 40}
 	errc := make(chan error, 2)
@@ -311,9 +327,17 @@ func testFailover(t *testing.T, cuts int, netem string) {
 			t.Fatalf("cut %d: the client sends on no path (%+v)", i, st)
 		}
 		setLink(t, sn.n, k, false)
-		cutAt = append(cutAt, time.Now())
-		waitFor(t, "fail-over", func() bool { return sn.cli.Stats().Failovers > st.Failovers })
-		lastFail = append(lastFail, sn.cli.Stats().LastFailover)
+		cut := time.Now()
+		// A fail-over after the cut; or, if the session had moved off the
+		// link just before (a heartbeat late under load), the cut
+		// connection's end.
+		waitFor(t, "fail-over", func() bool {
+			st := sn.cli.Stats()
+			return st.LastFailover.After(cut) || st.TxPath != k && st.TxPath >= 0 && st.Conns < 2
+		})
+		if f := sn.cli.Stats().LastFailover; f.After(cut) {
+			cutAt, lastFail = append(cutAt, cut), append(lastFail, f)
+		}
 		setLink(t, sn.n, k, true)
 		waitFor(t, "the cut path back", func() bool { return sn.cli.Stats().Conns == 2 && sn.srv.Stats().Conns == 2 })
 		select {
@@ -335,23 +359,23 @@ func testFailover(t *testing.T, cuts int, netem string) {
 			t.Fatal("streams not done 2 minutes after the last cut")
 		}
 	}
-	if up.sends+up.wrs != count || down.sends+down.wrs != count/4 || down.recvd != count/2 || up.recvd != count/8 {
-		t.Fatalf("completions: client %d Sends + %d Writes of %d, server %d + %d of %d; received %d and %d",
-			up.sends, up.wrs, count, down.sends, down.wrs, count/4, down.recvd, up.recvd)
+	if up.sends+up.wrs+up.reads != count || down.sends+down.wrs+down.reads != count/4 || down.recvd != count/2 || up.recvd != count/8 {
+		t.Fatalf("completions: client %d Sends + %d Writes + %d Reads of %d, server %d + %d + %d of %d; received %d and %d",
+			up.sends, up.wrs, up.reads, count, down.sends, down.wrs, down.reads, count/4, down.recvd, up.recvd)
 	}
 	for i, w := range []struct {
 		mr *gowarp.MR
 		n  int
 	}{{dstS, count}, {dstC, count / 4}} {
-		for j := 1; j < w.n; j += 2 {
+		for j := 1; j < w.n; j += 4 {
 			if v := binary.LittleEndian.Uint64(w.mr.Bytes()[j*8:]); v != uint64(j) {
 				t.Fatalf("side %d: Write %d's word is %d", i, j, v)
 			}
 		}
 	}
 	cs, ss := sn.cli.Stats(), sn.srv.Stats()
-	if len(cutAt) > 0 && cs.Failovers < uint64(len(cutAt)) {
-		t.Errorf("%d cuts of the client's sending link, %d fail-overs", len(cutAt), cs.Failovers)
+	if cs.Failovers < uint64(len(cutAt)) || len(cutAt) == 0 {
+		t.Errorf("%d cuts of the client's sending link failed it over, %d fail-overs", len(cutAt), cs.Failovers)
 	}
 	// The figure: from each cut to the first completion after the
 	// fail-over, which the other link carried.
@@ -369,12 +393,12 @@ func testFailover(t *testing.T, cuts int, netem string) {
 	if len(gaps) > 0 {
 		med = gaps[len(gaps)/2]
 	}
-	t.Logf("%d cuts; client: %d Sends + %d Writes completed once each, in order, %d fail-overs, %d resent, %d duplicates dropped; "+
-		"server: %d Sends received, %d + %d completed, %d fail-overs, %d resent, %d duplicates dropped; "+
+	t.Logf("%d cuts (%d of the sending link); client: %d Sends + %d Writes + %d Reads completed once each, in order, %d Sends received, %d fail-overs, %d resent, %d duplicates dropped; "+
+		"server: %d Sends received, %d + %d + %d completed, %d fail-overs, %d resent, %d duplicates dropped; "+
 		"Writes placed again: %d bytes at the server; cut to first completion on the new link: %v (median %v)",
-		len(cutAt), up.sends, up.wrs, cs.Failovers, cs.Resent, cs.Duplicates,
-		down.recvd, down.sends, down.wrs, ss.Failovers, ss.Resent, ss.Duplicates,
-		dstS.Placed()-uint64(count/2*8), gaps, med)
+		cuts, len(cutAt), up.sends, up.wrs, up.reads, up.recvd, cs.Failovers, cs.Resent, cs.Duplicates,
+		down.recvd, down.sends, down.wrs, down.reads, ss.Failovers, ss.Resent, ss.Duplicates,
+		dstS.Placed()-uint64(count/4*8), gaps, med)
 }
 
 // TestFailoverDeadline: a session whose every link is cut ends its
