@@ -3,6 +3,7 @@ package gowarp_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -66,4 +67,33 @@ func benchWriteLat(b *testing.B, o gowarp.ConnectOptions) {
 	}
 	b.StopTimer()
 	<-done
+}
+
+// BenchmarkSharedMemoryIdle reports the CPU two connected, idle queue
+// pairs use (both sides' readers asleep on the connection), per second
+// idle, after one Write each way, against TCP's.
+func BenchmarkSharedMemoryIdle(b *testing.B) {
+	for _, l := range []struct {
+		name string
+		o    gowarp.ConnectOptions
+	}{{"tcp", gowarp.ConnectOptions{}}, {"shm", shmOpts}} {
+		b.Run(l.name, func(b *testing.B) {
+			p := newPair(b, l.o)
+			am, _ := p.reg(b, 8, gowarp.RemoteWrite)
+			bm, _ := p.reg(b, 8, gowarp.RemoteWrite)
+			ctx := context.Background()
+			p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: am, Length: 8}}, RemoteAddr: bm.Addr(), RKey: uint32(bm.STag())})
+			p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: bm, Length: 8}}, RemoteAddr: am.Addr(), RKey: uint32(am.STag())})
+			am.WaitPlaced(ctx, 8)
+			bm.WaitPlaced(ctx, 8)
+			time.Sleep(10 * time.Millisecond) // past the spinning
+			b.ResetTimer()
+			cpu0 := cpuTime()
+			for range b.N {
+				time.Sleep(100 * time.Millisecond)
+			}
+			cpu := cpuTime() - cpu0
+			b.ReportMetric(float64(cpu.Microseconds())/(float64(b.N)/10), "cpu-µs/s-idle")
+		})
+	}
 }
