@@ -104,14 +104,15 @@ func (t *Table) Export(ctx context.Context, w io.Writer, identity string) (st Ex
 		return st, fmt.Errorf("%w: identity of %d bytes", ErrBadExport, len(identity))
 	}
 	t0 := time.Now()
-	if err := t.Freeze(ctx); err == nil {
+	switch ferr := t.Freeze(ctx); {
+	case ferr == nil:
 		defer func() {
-			if err != nil {
+			if err != nil { // Export's own result
 				t.Thaw()
 			}
 		}()
-	} else if !errors.Is(err, ErrFrozen) {
-		return st, err
+	case !errors.Is(ferr, ErrFrozen):
+		return st, ferr
 	}
 	st.Drain = time.Since(t0)
 	t.mu.RLock()

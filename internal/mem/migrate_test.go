@@ -162,6 +162,37 @@ func TestExportFreezes(t *testing.T) {
 	}
 }
 
+// failWriter fails every write after the first n bytes.
+type failWriter struct{ n int }
+
+func (w *failWriter) Write(b []byte) (int, error) {
+	if len(b) > w.n {
+		return 0, errors.New("the importing node went away")
+	}
+	w.n -= len(b)
+	return len(b), nil
+}
+
+// TestExportFailureThaws: an export whose stream fails (the importing
+// node died) thaws the table it froze, so writes go on; one of a table
+// frozen already leaves it frozen.
+func TestExportFailureThaws(t *testing.T) {
+	tb, regs := exportTable(t)
+	if _, err := tb.Export(context.Background(), &failWriter{n: 100}, ""); err == nil {
+		t.Fatal("export to a failing stream succeeded")
+	}
+	if tb.Frozen() {
+		t.Fatal("a failed export left the table frozen")
+	}
+	if _, err := regs[0].WriteAt([]byte{1}, 0); err != nil {
+		t.Fatalf("WriteAt after a failed export: %v", err)
+	}
+	export(t, tb)
+	if _, err := tb.Export(context.Background(), &failWriter{}, ""); err == nil || !tb.Frozen() {
+		t.Fatalf("a failed second export: %v, frozen %v", err, tb.Frozen())
+	}
+}
+
 // TestFreezeWaitsForWrites: a freeze waits for a write in progress, and
 // gives up (thawed) when it does not end.
 func TestFreezeWaitsForWrites(t *testing.T) {
