@@ -1,0 +1,183 @@
+//go:build linux
+
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp/internal/cm"
+	"golang.org/x/sys/unix"
+)
+
+// shmLinks returns the two ends of a shared-memory link with rings of
+// ring bytes over a memfd mapped twice, and a loopback TCP
+// connection as its liveness channel.
+func shmLinks(t *testing.T, ring int) (ini, rsp *shmLink) {
+	t.Helper()
+	size := cm.ShmDataOff + 2*ring
+	fd, err := unix.MemfdCreate("gowarp-shm-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	// Two mappings of one file, as two processes have: each link unmaps
+	// its own.
+	var mem [2][]byte
+	for i := range mem {
+		if mem[i], err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ini = newShmLink(a, &cm.SharedMemory{Mem: mem[0], Ring: ring, Initiator: true}, 0).(*shmLink)
+	rsp = newShmLink(b, &cm.SharedMemory{Mem: mem[1], Ring: ring}, 0).(*shmLink)
+	t.Cleanup(func() { ini.Close(); rsp.Close() })
+	return ini, rsp
+}
+
+// TestAdapterSharedMemoryLinkStream: bytes written in pieces of random sizes, vectored,
+// arrive intact and in order through a ring they wrap many times; calls
+// with nothing to move return at once.
+func TestAdapterSharedMemoryLinkStream(t *testing.T) {
+	ini, rsp := shmLinks(t, cm.ShmMinRing)
+	if n, err := rsp.Readv([][]byte{nil, {}}); n != 0 || err != nil {
+		t.Fatalf("empty read: %d, %v", n, err)
+	}
+	if n, err := ini.Writev(nil, nil, true); n != 0 || err != nil {
+		t.Fatalf("empty write: %d, %v", n, err)
+	}
+	src := make([]byte, 3<<20)
+	for i := range src {
+		src[i] = byte(i*7 + i>>11)
+	}
+	done := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(3, 4))
+		for off := 0; off < len(src); {
+			a := min(rng.IntN(40_000)+1, len(src)-off)
+			b := min(rng.IntN(3000), len(src)-off-a)
+			n, err := ini.Writev([][]byte{src[off : off+a], src[off+a : off+a+b]}, nil, true)
+			if err != nil {
+				done <- err
+				return
+			}
+			off += n
+		}
+		done <- nil
+	}()
+	got := make([]byte, 0, len(src))
+	buf := make([]byte, 70_000)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for len(got) < len(src) {
+		k := rng.IntN(len(buf)-1) + 1
+		var n int
+		var err error
+		if rng.IntN(2) == 0 {
+			n, err = rsp.Readv([][]byte{buf[:k]}) // the staging read, bounded
+		} else {
+			n, err = rsp.Readv([][]byte{buf[:k/2], buf[k/2 : k]})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, src) {
+		t.Fatal("bytes differ")
+	}
+	if un, err := ini.Unacked(); un != 0 || err != nil {
+		t.Fatalf("unacked %d, %v after all was read", un, err)
+	}
+}
+
+// TestAdapterSharedMemoryLinkWakes: a reader waiting on an empty ring, spinning or asleep,
+// returns when a read deadline passes (the engine's doorbell), and then
+// reads on; a writer blocked on a full ring returns when a write deadline
+// passes and when the link closes; a reader whose peer closed gets the
+// peer's last bytes, then the end.
+func TestAdapterSharedMemoryLinkWakes(t *testing.T) {
+	ini, rsp := shmLinks(t, cm.ShmMinRing)
+	buf := make([]byte, 100)
+	for _, after := range []time.Duration{0, 10 * time.Microsecond, 20 * time.Millisecond} {
+		go func() {
+			time.Sleep(after)
+			rsp.Conn().SetReadDeadline(time.Unix(1, 0))
+		}()
+		if _, err := rsp.Readv([][]byte{buf}); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("after %v: read %v, want the deadline", after, err)
+		}
+		rsp.Conn().SetReadDeadline(time.Time{})
+	}
+	if _, err := ini.Writev([][]byte{[]byte("hello")}, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rsp.Readv([][]byte{buf}); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+	// Fill the ring, then block.
+	full := make([]byte, cm.ShmMinRing)
+	if n, err := ini.Writev([][]byte{full}, nil, false); n != len(full) || err != nil {
+		t.Fatalf("wrote %d, %v", n, err)
+	}
+	if _, err := ini.Writev([][]byte{full}, nil, false); !errors.Is(err, errWouldBlock) {
+		t.Fatalf("non-blocking write to a full ring: %v", err)
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		ini.Conn().SetWriteDeadline(time.Unix(1, 0))
+	}()
+	if _, err := ini.Writev([][]byte{full}, nil, true); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("blocked write: %v, want the deadline", err)
+	}
+	ini.Conn().SetWriteDeadline(time.Time{})
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		ini.Close()
+	}()
+	if _, err := ini.Writev([][]byte{full}, nil, true); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("blocked write: %v, want closed", err)
+	}
+	// The peer closed with a full ring unread: all of it, then the end.
+	read := 0
+	for {
+		n, err := rsp.Readv([][]byte{buf})
+		read += n
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET) {
+				t.Fatalf("after %d bytes: %v", read, err)
+			}
+			break
+		}
+	}
+	if read != len(full) {
+		t.Fatalf("read %d of the %d bytes written before the close", read, len(full))
+	}
+	if _, err := ini.Readv([][]byte{buf}); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read on a closed link: %v", err)
+	}
+}
