@@ -666,6 +666,9 @@ func (cc *cliConn) wait(ctx context.Context, s *cslot, k int, rdma bool) error {
 			return cc.lostErr()
 		case <-ctx.Done():
 			if rdma {
+				// Completions waiting here would mean the poller missed
+				// them; none, that the peer never answered.
+				cc.cl.o.Logger.Debug("cache: one-sided work given up", "completions waiting", cc.cq.Len(), "err", ctx.Err())
 				cc.fail(ctx.Err())
 				<-cc.stopped
 			}

@@ -294,6 +294,7 @@ func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, st
 	conns := fs.Int("conns", 0, "the gowarp client's connections (0: min(c, 4))")
 	keys := fs.Int("keys", 1000, "4 KiB values preloaded (1 MiB: a hundredth, at least 8)")
 	mcBin := fs.String("memcached", "memcached", "the memcached binary (scripts/memcached installs Debian's)")
+	rounds := fs.Int("rounds", 1, "repeat every case `N` times, the systems taking turns, and report each one's median round")
 	asJSON := fs.Bool("json", false, "print one JSON object per result")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -301,11 +302,11 @@ func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, st
 		}
 		return exitUsage
 	}
-	if fs.NArg() > 0 || *conc < 1 || *largeConc < 1 || *keys < 1 || *conns < 0 {
+	if fs.NArg() > 0 || *rounds < 1 || *conc < 1 || *largeConc < 1 || *keys < 1 || *conns < 0 {
 		fs.Usage()
 		return exitUsage
 	}
-	cfg := cachebench.Config{Duration: *dur, Concurrency: *conc, LargeConc: *largeConc, Keys: *keys, Conns: *conns, Memcached: *mcBin,
+	cfg := cachebench.Config{Duration: *dur, Concurrency: *conc, LargeConc: *largeConc, Keys: *keys, Conns: *conns, Memcached: *mcBin, Rounds: *rounds,
 		Log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	enc := json.NewEncoder(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)

@@ -5,6 +5,7 @@
 package cachebench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,7 +33,11 @@ type Config struct {
 	Keys        int           // values of each size preloaded
 	Conns       int           // the gowarp client's connections (0: min(Concurrency, 4))
 	Memcached   string        // the memcached binary (default: memcached on PATH)
-	Log         *slog.Logger
+	// Rounds repeats every case, the systems taking turns, and reports
+	// each system's median round (by ops/s): on a loaded machine one run
+	// of each says more about the load than about the systems.
+	Rounds int
+	Log    *slog.Logger
 }
 
 // Result is one case's outcome.
@@ -57,6 +62,9 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 	}
 	if cfg.LargeConc <= 0 {
 		cfg.LargeConc = 2
+	}
+	if cfg.Rounds <= 0 {
+		cfg.Rounds = 1
 	}
 	if cfg.Keys <= 0 {
 		cfg.Keys = 1000
@@ -116,48 +124,81 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 				return fmt.Errorf("cache put: %w", err)
 			}
 		}
-		emit(measure("memcached", size, conc, cfg.Duration, func(g, i int) error {
-			it, err := mc.Get(key(size, (g*7919+i)%keys))
-			if err == nil && len(it.Value) != size {
-				err = fmt.Errorf("memcached: %d bytes", len(it.Value))
-			}
-			return err
-		}))
 		bufs := make([][]byte, conc)
-		emit(measure("gowarp-get", size, conc, cfg.Duration, func(g, i int) error {
-			v, err := cl.GetInto(ctx, key(size, (g*7919+i)%keys), bufs[g], cache.GetOptions{})
-			bufs[g] = v
-			if err == nil && len(v) != size {
-				err = fmt.Errorf("cache: %d bytes", len(v))
-			}
-			return err
-		}))
 		mrs := make([]*gowarp.MR, conc)
 		for g := range mrs {
 			if mrs[g], err = cl.PD().Register(make([]byte, size), gowarp.LocalWrite); err != nil {
 				return err
 			}
 		}
-		emit(measure("gowarp-readat", size, conc, cfg.Duration, func(g, i int) error {
-			n, err := cl.ReadAt(ctx, key(size, (g*7919+i)%keys), mrs[g], 0, size, 0)
-			if err == nil && n != size {
-				err = fmt.Errorf("cache: %d bytes", n)
+		cases := []struct {
+			system string
+			op     func(g, i int) error
+		}{
+			{"memcached", func(g, i int) error {
+				it, err := mc.Get(key(size, (g*7919+i)%keys))
+				if err == nil && len(it.Value) != size {
+					err = fmt.Errorf("memcached: %d bytes", len(it.Value))
+				}
+				return err
+			}},
+			{"gowarp-get", func(g, i int) error {
+				ctx, cancel := context.WithTimeout(ctx, opTimeout)
+				defer cancel()
+				v, err := cl.GetInto(ctx, key(size, (g*7919+i)%keys), bufs[g], cache.GetOptions{})
+				bufs[g] = v
+				if err == nil && len(v) != size {
+					err = fmt.Errorf("cache: %d bytes", len(v))
+				}
+				return err
+			}},
+			{"gowarp-readat", func(g, i int) error {
+				ctx, cancel := context.WithTimeout(ctx, opTimeout)
+				defer cancel()
+				n, err := cl.ReadAt(ctx, key(size, (g*7919+i)%keys), mrs[g], 0, size, 0)
+				if err == nil && n != size {
+					err = fmt.Errorf("cache: %d bytes", n)
+				}
+				return err
+			}},
+		}
+		runs := make([][]Result, len(cases))
+		for range cfg.Rounds {
+			for i, c := range cases {
+				runs[i] = append(runs[i], measure(c.system, size, conc, cfg.Duration, c.op))
 			}
-			return err
-		}))
+		}
+		for _, rs := range runs {
+			emit(median(rs))
+		}
 		for _, mr := range mrs {
 			mr.Deregister()
 		}
 		if size == 1<<20 {
-			r, err := perfReadBW(ctx, size, cfg)
-			if err != nil {
-				return err
+			var rs []Result
+			for range cfg.Rounds {
+				r, err := perfReadBW(ctx, size, cfg)
+				if err != nil {
+					return err
+				}
+				rs = append(rs, r)
 			}
-			emit(r)
+			emit(median(rs))
 		}
 	}
 	return ctx.Err()
 }
+
+// median returns the round with the median ops/s.
+func median(rs []Result) Result {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b Result) int { return cmp.Compare(a.OpsPerSec, b.OpsPerSec) })
+	return rs[len(rs)/2]
+}
+
+// opTimeout bounds one GET: a stall ends the run with an error instead
+// of hanging it.
+const opTimeout = 10 * time.Second
 
 func key(size, i int) string { return "bench-" + strconv.Itoa(size) + "-" + strconv.Itoa(i) }
 
@@ -182,6 +223,7 @@ func measure(system string, size, conc int, d time.Duration, op func(g, i int) e
 					break
 				}
 				if err := op(g, i); err != nil {
+					err = fmt.Errorf("op %d of goroutine %d: %w", i, g, err)
 					emu.Lock()
 					if firstErr == nil {
 						firstErr = err
