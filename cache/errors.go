@@ -46,6 +46,16 @@ const (
 	numStatus
 )
 
+var statusNames = [...]string{"ok", "not-found", "too-large", "malformed", "version", "bad-request", "full", "server"}
+
+// String names the status, as metrics label it.
+func (s Status) String() string {
+	if s < numStatus {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
 var statusErr = [...]error{nil, ErrNotFound, ErrTooLarge, ErrMalformed, ErrVersion, ErrBadRequest, ErrFull, ErrServer}
 
 // statusOf is the status that tells a client about err.

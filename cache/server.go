@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,6 +154,26 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
+// ClientInfo is a connected client, as Clients lists it.
+type ClientInfo struct {
+	Addr     string    // its address
+	Since    time.Time // when it connected
+	Requests uint64    // control-path requests it made
+}
+
+// Clients lists the clients connected now (one per connection: a client
+// with several connections is listed for each), oldest first.
+func (s *Server) Clients() []ClientInfo {
+	s.mu.Lock()
+	cs := make([]ClientInfo, 0, len(s.conns))
+	for c := range s.conns {
+		cs = append(cs, ClientInfo{Addr: c.remote, Since: c.since, Requests: c.served.Load()})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(cs, func(a, b ClientInfo) int { return a.Since.Compare(b.Since) })
+	return cs
+}
+
 // Listen listens on addr with the server's device, for Serve.
 func (s *Server) Listen(addr string) (*gowarp.Listener, error) {
 	ln, err := s.o.Device.Listen(addr)
@@ -259,6 +280,9 @@ func parseHello(b []byte) (hello, error) {
 // per slot), reply buffers, and the allocations it has not committed.
 type srvConn struct {
 	s      *Server
+	remote string    // the client's address, for Clients
+	since  time.Time // when it connected
+	served atomic.Uint64
 	qp     *gowarp.QP
 	cq     *gowarp.CQ
 	recvMR *gowarp.MR
@@ -292,7 +316,7 @@ func (s *Server) accept(ctx context.Context, req *gowarp.ConnRequest) error {
 	}
 	n := min(int(h.Slots), s.o.Slots)
 	msg := min(int(h.MaxMsg), maxMsg)
-	c := &srvConn{s: s, msg: msg, pending: make(map[uint64]*pendingPut)}
+	c := &srvConn{s: s, msg: msg, pending: make(map[uint64]*pendingPut), remote: req.RemoteAddr().String(), since: time.Now()}
 	c.cq = s.o.Device.NewCQ(4*n + 16)
 	if c.qp, err = s.pd.NewQP(gowarp.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, SendDepth: 2 * n, RecvDepth: n}); err != nil {
 		return errors.Join(err, req.Reject(nil))
@@ -414,6 +438,7 @@ func (c *srvConn) serve() {
 // and the receive to post again join the batches.
 func (c *srvConn) request(k, n int) {
 	start := time.Now()
+	c.served.Add(1)
 	b := c.recvMR.Bytes()[k*c.msg : k*c.msg+n]
 	// The request's bytes are decoded into c.in, which aliases the receive
 	// buffer: the buffer goes back only after the reply is built.

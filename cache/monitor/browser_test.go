@@ -2,6 +2,7 @@ package monitor_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/gowarp/gowarp/cache"
 )
 
 // browser starts a headless Chromium for the test, or skips the test,
@@ -73,6 +76,7 @@ type pageState struct {
 	Values  map[string]string `json:"values"`
 	Texts   map[string]string `json:"texts"`
 	Clients int               `json:"clients"`
+	Client  string            `json:"client"` // the first client's address
 	State   string            `json:"state"`
 }
 
@@ -90,38 +94,51 @@ const readPage = `(() => {
   for (const e of document.querySelectorAll("dd[id], #conns")) { values[e.id] = e.dataset.value || ""; texts[e.id] = e.textContent; }
   return {points: Number(c.dataset.points || 0), peak: Number(c.dataset.peak || 0), inked,
           values, texts, clients: document.querySelectorAll("#clients tr").length,
+          client: (document.querySelector("#clients td") || {}).textContent || "",
           state: document.getElementById("state").textContent};
 })()`
 
 func TestStatusPageInBrowser(t *testing.T) {
 	ctx := browser(t)
-	c := newCounters()
-	base, _ := startMonitor(t, c, 100*time.Millisecond)
+	s := startServer(t, cache.ServerOptions{}, 100*time.Millisecond)
+	c := dial(t, s.addr)
 
-	// Live traffic until the chart has drawn it.
+	// Live traffic until the chart has drawn it: puts, and gets of which
+	// one in six misses.
 	stop := make(chan struct{})
-	trafficDone := make(chan struct{})
+	trafficDone := make(chan error, 1)
 	go func() {
-		defer close(trafficDone)
+		tctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
+				trafficDone <- nil
 				return
 			case <-time.After(time.Millisecond):
 			}
-			c.put(fmt.Sprintf("k%d", i%500), 100+i%7)
-			c.get(fmt.Sprintf("k%d", (i*7)%600))
+			if err := c.Put(tctx, fmt.Sprintf("k%d", i%500), make([]byte, 100+i%7), cache.PutOptions{}); err != nil {
+				trafficDone <- err
+				return
+			}
+			if _, err := c.Get(tctx, fmt.Sprintf("k%d", (i*7)%600)); err != nil && !errors.Is(err, cache.ErrNotFound) {
+				trafficDone <- err
+				return
+			}
 		}
 	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
+	stopped := false
+	stopTraffic := func() {
+		if !stopped {
+			stopped = true
 			close(stop)
+			if err := <-trafficDone; err != nil {
+				t.Errorf("traffic: %v", err)
+			}
 		}
-		<-trafficDone
-	}()
-	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/")); err != nil {
+	}
+	defer stopTraffic()
+	if err := chromedp.Do(ctx, chromedp.Navigate(s.base+"/")); err != nil {
 		t.Fatal(err)
 	}
 	var ps pageState
@@ -142,9 +159,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	t.Logf("chart: %d points, peak %.0f ops/s, %d pixels inked", ps.Points, ps.Peak, ps.Inked)
 
 	// Traffic stopped, the page must come to show the server's figures.
-	close(stop)
-	<-trafficDone
-	st := c.Stats()
+	stopTraffic()
+	st := s.srv.Stats()
 	want := map[string]string{
 		"keys": strconv.FormatUint(st.Keys, 10), "bytes": strconv.FormatUint(st.Bytes, 10),
 		"blocks": strconv.FormatUint(st.Blocks, 10), "resident": strconv.FormatUint(st.Resident, 10),
@@ -177,8 +193,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if got, want := ps.Texts["keys"], fmtThousands(st.Keys); got != want {
 		t.Errorf("keys shown as %q, want %q", got, want)
 	}
-	if ps.Clients != 1 {
-		t.Errorf("%d clients listed, want 1", ps.Clients)
+	if cs := s.srv.Clients(); ps.Clients != 1 || len(cs) != 1 || ps.Client != cs[0].Addr {
+		t.Errorf("clients listed: %d, the first %q; the server's: %+v", ps.Clients, ps.Client, cs)
 	}
 	if ps.State == "" || ps.State[:4] != "live" {
 		t.Errorf("state %q", ps.State)

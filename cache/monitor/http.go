@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gowarp/gowarp/cache"
 )
 
 // The page and its chart script are embedded: the page needs nothing from
@@ -18,14 +20,14 @@ var webFS embed.FS
 
 // Status is what /status.json serves: the page's whole state.
 type Status struct {
-	Name       string    `json:"name"`
-	Time       time.Time `json:"time"`
-	IntervalMS int64     `json:"intervalMs"`
-	Stats      Stats     `json:"stats"`
+	Name       string      `json:"name"`
+	Time       time.Time   `json:"time"`
+	IntervalMS int64       `json:"intervalMs"`
+	Stats      cache.Stats `json:"stats"`
 	// HitRatio is hits over gets since the server started, or -1 with no
 	// gets yet.
-	HitRatio float64  `json:"hitRatio"`
-	Clients  []Client `json:"clients"`
+	HitRatio float64            `json:"hitRatio"`
+	Clients  []cache.ClientInfo `json:"clients"`
 	// Rates is the last sample (zero before the second one), History
 	// the samples kept, oldest first.
 	Rates   Sample   `json:"rates"`
@@ -34,15 +36,13 @@ type Status struct {
 
 // Status returns the status now.
 func (m *Monitor) Status() Status {
-	s := Status{Name: m.o.Name, Time: time.Now(), IntervalMS: m.o.Interval.Milliseconds(), Stats: m.o.Stats(),
-		HitRatio: -1, History: m.History(), Clients: []Client{}}
+	s := Status{Name: m.o.Name, Time: time.Now(), IntervalMS: m.o.Interval.Milliseconds(), Stats: m.stats(),
+		HitRatio: -1, History: m.History(), Clients: []cache.ClientInfo{}}
 	if s.Stats.Gets > 0 {
 		s.HitRatio = float64(s.Stats.Hits) / float64(s.Stats.Gets)
 	}
-	if m.o.Clients != nil {
-		if c := m.o.Clients(); c != nil {
-			s.Clients = c
-		}
+	if c := m.clients(); c != nil {
+		s.Clients = c
 	}
 	if n := len(s.History); n > 0 {
 		s.Rates = s.History[n-1]

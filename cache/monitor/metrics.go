@@ -3,6 +3,8 @@ package monitor
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/gowarp/gowarp/cache"
 )
 
 const namespace = "gowarp_cache"
@@ -30,7 +32,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
 }
 
-type statsCollector struct{ stats func() Stats }
+type statsCollector struct{ stats func() cache.Stats }
 
 func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descOps, descHits, descMisses, descBytes, descPaging, descDurable,

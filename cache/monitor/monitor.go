@@ -1,11 +1,16 @@
 // Package monitor serves a cache server's Prometheus metrics and its status
 // page: what the server holds, its clients, its rates and a live chart.
 //
-// It knows the server only through Options: a function that returns the
-// server's counters (Stats) and, optionally, one that lists its clients; the
-// server reports each request it answers to Observe. So the package does not
-// depend on the cache package, and anything that keeps such counters can be
-// monitored the same way.
+// A server is watched in two ways: it reports each request it answers to
+// Observe (give Observe as its ServerOptions.OnRequest), and the monitor
+// reads its counters (Server.Stats) and its clients (Server.Clients) at each
+// sample and scrape. So the server's hot path only counts, as it does
+// anyway, and calls Observe; nothing is counted twice:
+//
+//	m, _ := monitor.New(monitor.Options{Name: addr})
+//	srv, _ := cache.NewServer(cache.ServerOptions{OnRequest: m.Observe})
+//	m.Attach(srv)
+//	go m.ListenAndServe(ctx, "127.0.0.1:7191", nil)
 //
 // Served paths:
 //
@@ -22,48 +27,22 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gowarp/gowarp/cache"
 )
 
-// Stats are a cache server's counters at one moment: totals since it
-// started (counters) and what it holds now (gauges).
-type Stats struct {
-	Keys        uint64 `json:"keys"`      // values stored
-	Bytes       uint64 `json:"bytes"`     // bytes of values stored
-	Blocks      uint64 `json:"blocks"`    // blocks in the data directory
-	Resident    uint64 `json:"resident"`  // blocks in memory (mapped and registered)
-	BlockSize   uint64 `json:"blockSize"` // bytes of a block
-	Budget      uint64 `json:"budget"`    // bytes of blocks allowed in memory
-	Puts        uint64 `json:"puts"`
-	Gets        uint64 `json:"gets"` // gets and lookups
-	Hits        uint64 `json:"hits"`
-	Misses      uint64 `json:"misses"`
-	Deletes     uint64 `json:"deletes"`
-	PageIns     uint64 `json:"pageIns"`
-	PageOuts    uint64 `json:"pageOuts"`
-	Errors      uint64 `json:"errors"`   // requests answered with an error
-	Conns       uint64 `json:"conns"`    // clients (queue pairs) connected now
-	BytesIn     uint64 `json:"bytesIn"`  // value bytes put
-	BytesOut    uint64 `json:"bytesOut"` // value bytes got through the server
-	DurablePuts uint64 `json:"durablePuts"`
+// Server is what the monitor reads: *cache.Server.
+type Server interface {
+	Stats() cache.Stats
+	Clients() []cache.ClientInfo
 }
 
-// Client is one connected client, as the status page lists it.
-type Client struct {
-	Addr     string    `json:"addr"`
-	Since    time.Time `json:"since"`
-	Requests uint64    `json:"requests"`
-}
-
-// Options configure a Monitor. Stats is required.
+// Options configure a Monitor.
 type Options struct {
-	// Stats returns the server's counters now. It is called at every
-	// sample and every scrape, from other goroutines than the server's.
-	Stats func() Stats
-	// Clients, if set, lists the clients connected now.
-	Clients func() []Client
 	// Name is shown in the page's title (the server's address, say).
 	Name string
 	// Interval is the time between two samples of the rates and between
@@ -80,6 +59,7 @@ type Options struct {
 type Monitor struct {
 	o   Options
 	reg *prometheus.Registry
+	srv atomic.Pointer[Server]
 
 	requests *prometheus.CounterVec
 	errs     *prometheus.CounterVec
@@ -91,11 +71,14 @@ type Monitor struct {
 	hist  []Sample // ring of the last History samples
 	next  int      // where the next sample goes in hist
 	full  bool
-	last  Stats
+	last  cache.Stats
 	lastT time.Time
 }
 
-type obsKey struct{ op, status string }
+type obsKey struct {
+	op     cache.Op
+	status cache.Status
+}
 
 type observers struct {
 	requests prometheus.Counter
@@ -124,9 +107,6 @@ func (s Sample) Ops() float64 { return s.Gets + s.Puts + s.Deletes }
 // New makes a Monitor and registers its metrics in a registry of its own
 // (with the Go runtime's and the process's collectors).
 func New(o Options) (*Monitor, error) {
-	if o.Stats == nil {
-		return nil, errors.New("monitor: Options.Stats is required")
-	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
@@ -144,20 +124,38 @@ func New(o Options) (*Monitor, error) {
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "request_duration_seconds",
 		Help:    "Time the server took to answer a control-path request, by operation.",
 		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12)}, []string{"op"})
-	if err := registerAll(m.reg, m.requests, m.errs, m.latency, statsCollector{m.o.Stats}); err != nil {
+	if err := registerAll(m.reg, m.requests, m.errs, m.latency, statsCollector{m.stats}); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// Attach makes the monitor read srv's counters and clients. Before it,
+// the monitor shows zeros.
+func (m *Monitor) Attach(srv Server) { m.srv.Store(&srv) }
+
+func (m *Monitor) stats() cache.Stats {
+	if p := m.srv.Load(); p != nil {
+		return (*p).Stats()
+	}
+	return cache.Stats{}
+}
+
+func (m *Monitor) clients() []cache.ClientInfo {
+	if p := m.srv.Load(); p != nil {
+		return (*p).Clients()
+	}
+	return nil
 }
 
 // Registry returns the registry the metrics are in, to add more or to
 // gather them.
 func (m *Monitor) Registry() *prometheus.Registry { return m.reg }
 
-// Observe counts one answered request: its operation ("get", "put", ...),
-// its status ("ok" for a success, else the error's kind), the value bytes it
-// carried and the time it took. The cache server calls it for every request.
-func (m *Monitor) Observe(op, status string, _ int, took time.Duration) {
+// Observe counts one answered request: its operation, its status, the
+// value bytes it carried and the time it took. It has the signature of
+// cache.ServerOptions.OnRequest, which the server calls for every request.
+func (m *Monitor) Observe(op cache.Op, status cache.Status, _ int, took time.Duration) {
 	k := obsKey{op, status}
 	m.obsMu.RLock()
 	ob, ok := m.obs[k]
@@ -178,20 +176,18 @@ func (m *Monitor) observers(k obsKey) observers {
 	if ob, ok := m.obs[k]; ok {
 		return ob
 	}
-	ob := observers{requests: m.requests.WithLabelValues(k.op, k.status), latency: m.latency.WithLabelValues(k.op)}
-	if k.status != StatusOK {
-		ob.errs = m.errs.WithLabelValues(k.status)
+	op, st := k.op.String(), k.status.String()
+	ob := observers{requests: m.requests.WithLabelValues(op, st), latency: m.latency.WithLabelValues(op)}
+	if k.status != cache.StatusOK {
+		ob.errs = m.errs.WithLabelValues(st)
 	}
 	m.obs[k] = ob
 	return ob
 }
 
-// StatusOK is the status Observe is given for a request that succeeded.
-const StatusOK = "ok"
-
 // Sample takes a sample of the rates now (Run does it every Interval).
 func (m *Monitor) Sample() {
-	st := m.o.Stats()
+	st := m.stats()
 	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -208,7 +204,7 @@ func (m *Monitor) Sample() {
 // rates are the per-second rates between two snapshots dt seconds apart.
 // A counter that went backwards (a restarted server behind the same
 // Stats) counts as zero.
-func rates(a, b Stats, dt float64, at time.Time) Sample {
+func rates(a, b cache.Stats, dt float64, at time.Time) Sample {
 	d := func(x, y uint64) float64 {
 		if y < x {
 			return 0

@@ -1,14 +1,15 @@
 package monitor_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,91 +17,76 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/cache"
 	"github.com/gowarp/gowarp/cache/monitor"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// counters is a store of values with a server's counters, and the traffic
-// that moves them: each op goes through it as a request does through a
-// server (the counters move, then Observe hears of the request).
-type counters struct {
-	mu   sync.Mutex
-	st   monitor.Stats
-	vals map[string]int
+type served struct {
+	addr string // the cache server's
+	base string // the monitor's, http://host:port
+	srv  *cache.Server
 	m    *monitor.Monitor
 }
 
-func newCounters() *counters {
-	return &counters{st: monitor.Stats{BlockSize: 1 << 20, Budget: 64 << 20}, vals: map[string]int{}}
-}
-
-func (c *counters) Stats() monitor.Stats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.st
-}
-
-func (c *counters) put(key string, n int) {
-	start := time.Now()
-	c.mu.Lock()
-	if old, ok := c.vals[key]; ok {
-		c.st.Bytes -= uint64(old)
-	} else {
-		c.st.Keys++
-	}
-	c.vals[key] = n
-	c.st.Puts++
-	c.st.Bytes += uint64(n)
-	c.st.BytesIn += uint64(n)
-	c.st.Blocks = c.st.Bytes/c.st.BlockSize + 1
-	c.st.Resident = min(c.st.Blocks, c.st.Budget/c.st.BlockSize)
-	c.mu.Unlock()
-	c.m.Observe("put", monitor.StatusOK, n, time.Since(start))
-}
-
-func (c *counters) get(key string) {
-	start := time.Now()
-	c.mu.Lock()
-	c.st.Gets++
-	n, ok := c.vals[key]
-	status := monitor.StatusOK
-	if ok {
-		c.st.Hits++
-		c.st.BytesOut += uint64(n)
-	} else {
-		c.st.Misses++
-		c.st.Errors++
-		status = "not-found"
-	}
-	c.mu.Unlock()
-	c.m.Observe("get", status, n, time.Since(start))
-}
-
-func startMonitor(t testing.TB, c *counters, interval time.Duration) (base string, m *monitor.Monitor) {
+// startServer runs a cache server on a loopback port, with its monitor
+// on another, until the test ends: as gowarp cache serve -http does.
+func startServer(t testing.TB, o cache.ServerOptions, interval time.Duration) served {
 	t.Helper()
-	m, err := monitor.New(monitor.Options{Stats: c.Stats, Name: "test", Interval: interval, Logger: quiet,
-		Clients: func() []monitor.Client {
-			return []monitor.Client{{Addr: "127.0.0.1:5555", Since: time.Now(), Requests: 3}}
-		}})
+	m, err := monitor.New(monitor.Options{Name: "test", Interval: interval, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.m = m
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	o.Dir, o.Logger, o.Device, o.OnRequest = t.TempDir(), quiet, gowarp.Open(gowarp.WithLogger(quiet)), m.Observe
+	srv, err := cache.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Attach(srv)
+	ln, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Serve(ctx, ln) }()
+	done := make(chan error, 2)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	go func() { done <- m.Serve(ctx, hln) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		}
+		if err := srv.Close(); err != nil {
+			t.Errorf("close: %v", err)
 		}
 	})
-	return "http://" + ln.Addr().String(), m
+	return served{addr: ln.Addr().String(), base: "http://" + hln.Addr().String(), srv: srv, m: m}
+}
+
+func dial(t testing.TB, addr string) *cache.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := cache.Dial(ctx, addr, cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(quiet)), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 func scrape(t testing.TB, base string) map[string]*dto.MetricFamily {
@@ -122,21 +108,19 @@ func scrape(t testing.TB, base string) map[string]*dto.MetricFamily {
 	return fams
 }
 
-// value is the value of the metric name with labels (name=value pairs).
-func value(t testing.TB, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
-	t.Helper()
+// value is the value of the metric name with labels (name, value pairs):
+// a counter's or gauge's value, a histogram's count; -1 if there is none.
+func value(fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
 	f := fams[name]
 	if f == nil {
-		t.Fatalf("no metric %s", name)
+		return -1
 	}
 next:
 	for _, m := range f.Metric {
 		for i := 0; i < len(labels); i += 2 {
 			found := false
 			for _, l := range m.Label {
-				if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
-					found = true
-				}
+				found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
 			}
 			if !found {
 				continue next
@@ -151,111 +135,186 @@ next:
 			return float64(m.Histogram.GetSampleCount())
 		}
 	}
-	t.Fatalf("no metric %s%v", name, labels)
-	return 0
+	return -1
 }
 
-func TestMetricsMove(t *testing.T) {
-	c := newCounters()
-	base, _ := startMonitor(t, c, time.Hour)
-	before := scrape(t, base)
-	if v := value(t, before, "gowarp_cache_keys"); v != 0 {
-		t.Fatalf("keys %v before any put", v)
-	}
-	for i := range 10 {
-		c.put(fmt.Sprintf("k%d", i), 1000)
-	}
-	for i := range 15 {
-		c.get(fmt.Sprintf("k%d", i)) // 10 hits, 5 misses
-	}
-	f := scrape(t, base)
-	for _, w := range []struct {
-		name   string
-		labels []string
-		want   float64
-	}{
-		{"gowarp_cache_keys", nil, 10},
-		{"gowarp_cache_stored_bytes", nil, 10000},
-		{"gowarp_cache_ops_total", []string{"op", "put"}, 10},
-		{"gowarp_cache_ops_total", []string{"op", "get"}, 15},
-		{"gowarp_cache_hits_total", nil, 10},
-		{"gowarp_cache_misses_total", nil, 5},
-		{"gowarp_cache_value_bytes_total", []string{"direction", "in"}, 10000},
-		{"gowarp_cache_value_bytes_total", []string{"direction", "out"}, 10000},
-		{"gowarp_cache_requests_total", []string{"op", "put", "status", "ok"}, 10},
-		{"gowarp_cache_requests_total", []string{"op", "get", "status", "ok"}, 10},
-		{"gowarp_cache_requests_total", []string{"op", "get", "status", "not-found"}, 5},
-		{"gowarp_cache_errors_total", []string{"kind", "not-found"}, 5},
-		{"gowarp_cache_request_duration_seconds", []string{"op", "get"}, 15},
-		{"gowarp_cache_budget_bytes", nil, 64 << 20},
-	} {
-		if got := value(t, f, w.name, w.labels...); got != w.want {
-			t.Errorf("%s%v = %v, want %v", w.name, w.labels, got, w.want)
+type want struct {
+	name   string
+	labels []string
+	v      float64
+}
+
+func check(t *testing.T, fams map[string]*dto.MetricFamily, ws []want) {
+	t.Helper()
+	for _, w := range ws {
+		if got := value(fams, w.name, w.labels...); got != w.v {
+			t.Errorf("%s%v = %v, want %v", w.name, w.labels, got, w.v)
 		}
 	}
+}
+
+// TestMetricsAfterTraffic: puts, gets that hit and miss, deletes, then
+// more data than the memory budget holds: each metric moves by what the
+// traffic did.
+func TestMetricsAfterTraffic(t *testing.T) {
+	const bs = 64 << 10
+	s := startServer(t, cache.ServerOptions{BlockSize: bs, Budget: 3 * bs}, time.Hour)
+	f := scrape(t, s.base)
+	check(t, f, []want{{"gowarp_cache_keys", nil, 0}, {"gowarp_cache_clients", nil, 0},
+		{"gowarp_cache_ops_total", []string{"op", "get"}, 0}, {"gowarp_cache_budget_bytes", nil, 3 * bs}})
+
+	c := dial(t, s.addr)
+	ctx := ctxT(t)
+	for i := range 20 {
+		if err := c.Put(ctx, fmt.Sprintf("k%d", i), bytes.Repeat([]byte{byte(i)}, 100), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 30 { // 20 hits, 10 misses
+		if _, err := c.Get(ctx, fmt.Sprintf("k%d", i)); err != nil && i < 20 {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		if err := c.Delete(ctx, fmt.Sprintf("k%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f = scrape(t, s.base)
+	check(t, f, []want{
+		{"gowarp_cache_keys", nil, 15},
+		{"gowarp_cache_stored_bytes", nil, 1500},
+		{"gowarp_cache_clients", nil, 1},
+		{"gowarp_cache_ops_total", []string{"op", "put"}, 20},
+		{"gowarp_cache_ops_total", []string{"op", "get"}, 30},
+		{"gowarp_cache_ops_total", []string{"op", "delete"}, 5},
+		{"gowarp_cache_hits_total", nil, 20},
+		{"gowarp_cache_misses_total", nil, 10},
+		{"gowarp_cache_value_bytes_total", []string{"direction", "in"}, 2000},
+		{"gowarp_cache_value_bytes_total", []string{"direction", "out"}, 2000},
+		{"gowarp_cache_requests_total", []string{"op", "put", "status", "ok"}, 20},
+		{"gowarp_cache_requests_total", []string{"op", "get", "status", "ok"}, 20},
+		{"gowarp_cache_requests_total", []string{"op", "get", "status", "not-found"}, 10},
+		{"gowarp_cache_requests_total", []string{"op", "delete", "status", "ok"}, 5},
+		{"gowarp_cache_errors_total", []string{"kind", "not-found"}, 10},
+		{"gowarp_cache_request_duration_seconds", []string{"op", "get"}, 30},
+	})
 	if f["go_goroutines"] == nil || f["process_cpu_seconds_total"] == nil {
 		t.Error("no Go runtime or process metrics")
+	}
+
+	// 24 blocks of 30 KiB values under a budget of 3: pages out, and in
+	// again as they are read back.
+	for i := range 48 {
+		if err := c.Put(ctx, fmt.Sprintf("p%d", i), bytes.Repeat([]byte{byte(i)}, 30<<10), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 48 {
+		if _, err := c.Get(ctx, fmt.Sprintf("p%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f = scrape(t, s.base)
+	st := s.srv.Stats()
+	if st.PageOuts == 0 || st.PageIns == 0 {
+		t.Fatalf("no paging: %+v", st)
+	}
+	check(t, f, []want{
+		{"gowarp_cache_keys", nil, 15 + 48},
+		{"gowarp_cache_paging_total", []string{"direction", "out"}, float64(st.PageOuts)},
+		{"gowarp_cache_paging_total", []string{"direction", "in"}, float64(st.PageIns)},
+		{"gowarp_cache_resident_blocks", nil, float64(st.Resident)},
+		{"gowarp_cache_blocks", nil, float64(st.Blocks)},
+		{"gowarp_cache_value_bytes_total", []string{"direction", "in"}, 2000 + 48*30<<10},
+		{"gowarp_cache_ops_total", []string{"op", "put"}, float64(st.Puts)},
+	})
+	if st.Resident > 3 || st.Blocks < 24 {
+		t.Errorf("%d blocks, %d resident: want 24 or more under a budget of 3", st.Blocks, st.Resident)
+	}
+
+	// A request the server refuses is counted by its kind.
+	if err := c.Delete(ctx, "absent"); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("delete of an absent key: %v", err)
+	}
+	c.Close()
+	f = scrape(t, s.base)
+	check(t, f, []want{
+		{"gowarp_cache_errors_total", []string{"kind", "not-found"}, 11},
+		{"gowarp_cache_requests_total", []string{"op", "delete", "status", "not-found"}, 1},
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for value(f, "gowarp_cache_clients") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v clients after the client closed", value(f, "gowarp_cache_clients"))
+		}
+		time.Sleep(20 * time.Millisecond)
+		f = scrape(t, s.base)
 	}
 }
 
 func TestObserveAllocs(t *testing.T) {
-	c := newCounters()
-	m, err := monitor.New(monitor.Options{Stats: c.Stats, Logger: quiet})
+	m, err := monitor.New(monitor.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Observe("get", monitor.StatusOK, 1, time.Microsecond)
-	if n := testing.AllocsPerRun(1000, func() { m.Observe("get", monitor.StatusOK, 1, time.Microsecond) }); n != 0 {
+	m.Observe(cache.OpGet, cache.StatusOK, 1, time.Microsecond)
+	if n := testing.AllocsPerRun(1000, func() { m.Observe(cache.OpGet, cache.StatusOK, 1, time.Microsecond) }); n != 0 {
 		t.Errorf("Observe allocates %v times", n)
 	}
 }
 
 func TestRatesAndHistory(t *testing.T) {
-	c := newCounters()
-	m, err := monitor.New(monitor.Options{Stats: c.Stats, History: 3, Logger: quiet})
+	s := startServer(t, cache.ServerOptions{}, time.Hour)
+	c := dial(t, s.addr)
+	ctx := ctxT(t)
+	m, err := monitor.New(monitor.Options{History: 3, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.m = m
+	m.Attach(s.srv)
 	m.Sample()
 	for round := range 5 {
 		for i := range 4 {
-			c.put(fmt.Sprintf("k%d-%d", round, i), 10)
+			if err := c.Put(ctx, fmt.Sprintf("k%d-%d", round, i), []byte("v"), cache.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		c.get("k0-0")
-		c.get("absent")
-		time.Sleep(5 * time.Millisecond)
+		if _, err := c.Get(ctx, "k0-0"); err != nil {
+			t.Fatal(err)
+		}
+		c.Get(ctx, "absent")
 		m.Sample()
 	}
 	h := m.History()
 	if len(h) != 3 {
 		t.Fatalf("%d samples kept, want 3", len(h))
 	}
-	for i, s := range h {
-		if s.Puts <= 0 || s.Gets <= 0 || s.HitRatio != 0.5 {
-			t.Errorf("sample %d: %+v: want puts and gets, hit ratio 0.5", i, s)
+	for i, x := range h {
+		if x.Puts <= 0 || x.Gets <= 0 || x.HitRatio != 0.5 {
+			t.Errorf("sample %d: %+v: want puts and gets, hit ratio 0.5", i, x)
 		}
-		if i > 0 && s.T < h[i-1].T {
-			t.Errorf("samples out of order: %d before %d", h[i-1].T, s.T)
+		if i > 0 && x.T < h[i-1].T {
+			t.Errorf("samples out of order: %d before %d", h[i-1].T, x.T)
 		}
-	}
-	// 4 puts for 2 gets in each interval, whatever its length.
-	if r := h[2].Puts / h[2].Gets; r < 1.99 || r > 2.01 {
-		t.Errorf("puts/gets %v, want 2", r)
+		// 4 puts for 2 gets in each interval, whatever its length.
+		if r := x.Puts / x.Gets; r < 1.99 || r > 2.01 {
+			t.Errorf("sample %d: puts/gets %v, want 2", i, r)
+		}
 	}
 	st := m.Status()
-	if st.Stats.Puts != 20 || st.HitRatio != 0.5 || len(st.History) != 3 || st.Rates != h[2] {
+	if st.Stats.Puts != 20 || st.HitRatio != 0.5 || len(st.History) != 3 || st.Rates != h[2] || len(st.Clients) != 1 {
 		t.Errorf("status %+v", st)
 	}
 }
 
 func TestHTTPPaths(t *testing.T) {
-	base, _ := startMonitor(t, newCounters(), time.Hour)
+	s := startServer(t, cache.ServerOptions{}, time.Hour)
 	for path, want := range map[string]string{
 		"/": "text/html", "/chart.js": "javascript", "/page.js": "javascript", "/page.css": "text/css",
 		"/status.json": "application/json", "/metrics": "text/plain",
 	} {
-		resp, err := http.Get(base + path)
+		resp, err := http.Get(s.base + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +324,7 @@ func TestHTTPPaths(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/nope", "/web/index.html", "/../monitor.go"} {
-		resp, err := http.Get(base + path)
+		resp, err := http.Get(s.base + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -274,7 +333,7 @@ func TestHTTPPaths(t *testing.T) {
 			t.Errorf("GET %s: %s, want 404", path, resp.Status)
 		}
 	}
-	resp, err := http.Post(base+"/status.json", "text/plain", nil)
+	resp, err := http.Post(s.base+"/status.json", "text/plain", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

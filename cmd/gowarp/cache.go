@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/cache"
+	"github.com/gowarp/gowarp/cache/monitor"
 	"github.com/gowarp/gowarp/internal/cachebench"
 )
 
@@ -129,6 +131,7 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 	block := fs.String("block", "4MiB", "block size (a new data directory only)")
 	budget := fs.String("budget", "1GiB", "bytes of blocks in memory at once; the rest are paged out to their files")
 	maxValue := fs.String("max-value", "0", "largest value (0: 64 MiB, or what 64 blocks hold if less)")
+	httpAddr := fs.String("http", "", "serve the status page (/) and Prometheus metrics (/metrics) on `host:port` (off if empty; port 0 picks one)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -143,8 +146,16 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 		return exitUsage
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	srv, err := cache.NewServer(cache.ServerOptions{Dir: *dir, BlockSize: bs, Budget: bu, MaxValue: mv,
-		Device: gowarp.Open(gowarp.WithLogger(log)), Logger: log})
+	mon, err := monitor.New(monitor.Options{Name: *addr, Logger: log})
+	if err != nil {
+		fmt.Fprintln(stderr, "gowarp cache serve:", err)
+		return exitFailure
+	}
+	o := cache.ServerOptions{Dir: *dir, BlockSize: bs, Budget: bu, MaxValue: mv, Device: gowarp.Open(gowarp.WithLogger(log)), Logger: log}
+	if *httpAddr != "" {
+		o.OnRequest = mon.Observe
+	}
+	srv, err := cache.NewServer(o)
 	if err != nil {
 		fmt.Fprintln(stderr, "gowarp cache serve:", err)
 		return exitFailure
@@ -155,9 +166,30 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 		fmt.Fprintln(stderr, "gowarp cache serve:", err)
 		return exitFailure
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var httpDone chan error
+	if *httpAddr != "" {
+		mon.Attach(srv)
+		hln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *httpAddr)
+		if err != nil {
+			srv.Close()
+			fmt.Fprintln(stderr, "gowarp cache serve: -http:", err)
+			return exitFailure
+		}
+		log.Info("cache: status page and metrics", "url", "http://"+hln.Addr().String()+"/")
+		httpDone = make(chan error, 1)
+		go func() { httpDone <- mon.Serve(ctx, hln) }()
+	}
 	st := srv.Stats()
 	log.Info("cache: serving", "addr", ln.Addr().String(), "dir", srv.Dir(), "keys", st.Keys, "blocks", st.Blocks, "resident", st.Resident)
 	err = srv.Serve(ctx, ln)
+	cancel()
+	if httpDone != nil {
+		if herr := <-httpDone; err == nil {
+			err = herr
+		}
+	}
 	if cerr := srv.Close(); err == nil {
 		err = cerr
 	}

@@ -21,13 +21,13 @@ function render(st) {
   const s = st.stats;
   document.getElementById("name").textContent = st.name || "";
   document.title = "gowarp cache " + (st.name || "");
-  show("keys", fmtNum(s.keys), s.keys);
-  show("bytes", fmtBytes(s.bytes), s.bytes);
-  show("blocks", fmtNum(s.blocks), s.blocks);
-  show("resident", fmtNum(s.resident) + " (" + fmtBytes(s.resident * s.blockSize) + ")", s.resident);
-  show("blockSize", fmtBytes(s.blockSize), s.blockSize);
-  show("budget", fmtBytes(s.budget), s.budget);
-  const used = s.budget > 0 ? Math.min(1, s.resident * s.blockSize / s.budget) : 0;
+  show("keys", fmtNum(s.Keys), s.Keys);
+  show("bytes", fmtBytes(s.Bytes), s.Bytes);
+  show("blocks", fmtNum(s.Blocks), s.Blocks);
+  show("resident", fmtNum(s.Resident) + " (" + fmtBytes(s.Resident * s.BlockSize) + ")", s.Resident);
+  show("blockSize", fmtBytes(s.BlockSize), s.BlockSize);
+  show("budget", fmtBytes(s.Budget), s.Budget);
+  const used = s.Budget > 0 ? Math.min(1, s.Resident * s.BlockSize / s.Budget) : 0;
   document.getElementById("budgetBar").style.width = (100 * used).toFixed(1) + "%";
 
   const r = st.rates;
@@ -38,19 +38,19 @@ function render(st) {
   show("outRate", fmtBytes(r.bytesOut) + "/s", r.bytesOut);
   show("pagingRate", fmtRate(r.pageIns) + " / " + fmtRate(r.pageOuts));
 
-  show("gets", fmtNum(s.gets), s.gets);
-  show("hitsMisses", fmtNum(s.hits) + " / " + fmtNum(s.misses), s.hits + "/" + s.misses);
+  show("gets", fmtNum(s.Gets), s.Gets);
+  show("hitsMisses", fmtNum(s.Hits) + " / " + fmtNum(s.Misses), s.Hits + "/" + s.Misses);
   show("hitRatio", st.hitRatio < 0 ? "–" : (100 * st.hitRatio).toFixed(1) + " %", st.hitRatio);
-  show("puts", fmtNum(s.puts), s.puts);
-  show("deletes", fmtNum(s.deletes), s.deletes);
-  show("paging", fmtNum(s.pageIns) + " / " + fmtNum(s.pageOuts), s.pageIns + "/" + s.pageOuts);
-  show("errors", fmtNum(s.errors), s.errors);
-  show("conns", "(" + s.conns + ")", s.conns);
+  show("puts", fmtNum(s.Puts), s.Puts);
+  show("deletes", fmtNum(s.Deletes), s.Deletes);
+  show("paging", fmtNum(s.PageIns) + " / " + fmtNum(s.PageOuts), s.PageIns + "/" + s.PageOuts);
+  show("errors", fmtNum(s.Errors), s.Errors);
+  show("conns", "(" + s.Conns + ")", s.Conns);
 
   const body = document.getElementById("clients");
   body.replaceChildren(...st.clients.map(c => {
     const tr = document.createElement("tr");
-    for (const v of [c.addr, new Date(c.since).toLocaleTimeString(), fmtNum(c.requests)]) {
+    for (const v of [c.Addr, new Date(c.Since).toLocaleTimeString(), fmtNum(c.Requests)]) {
       const td = document.createElement("td");
       td.textContent = v;
       tr.appendChild(td);
