@@ -26,7 +26,7 @@ func init() {
 	register("cache", "the persistent block cache (package cache): serve, put, get, del, ls, stat, bench", runCache)
 }
 
-const cacheUsage = `usage: gowarp cache <serve|put|get|del|ls|stat|bench> [flags] [args]
+const cacheUsage = `usage: gowarp cache <serve|put|get|del|ls|stat|members|bench> [flags] [args]
 
   serve                  run a cache server on -addr, data in -dir
   put KEY [FILE]         store FILE (default: standard input) under KEY
@@ -34,9 +34,14 @@ const cacheUsage = `usage: gowarp cache <serve|put|get|del|ls|stat|bench> [flags
   del KEY                delete KEY
   ls [PREFIX]            list the keys (with PREFIX)
   stat                   the server's counters
+  members                a cluster's servers and replicas (with -etcd)
   bench                  4 KiB and 1 MiB GETs against memcached and gowarp perf
 
-The address defaults to $GOWARP_CACHE (else 127.0.0.1:7190).
+The address defaults to $GOWARP_CACHE (else 127.0.0.1:7190). With -etcd
+(default $GOWARP_ETCD), serve joins a cluster and put, get and del go to the
+servers that own the key; ls and stat always talk to the one server -addr.
+serve -http host:port serves a status page (/) and Prometheus metrics
+(/metrics).
 
 flags:
 `
@@ -70,7 +75,7 @@ func runCache(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return cacheServe(ctx, fs, addr, args, stderr)
 	case "bench":
 		return cacheBench(ctx, fs, args, stdout, stderr)
-	case "put", "get", "del", "ls", "stat":
+	case "put", "get", "del", "ls", "stat", "members":
 	default:
 		fmt.Fprintf(stderr, "gowarp cache: unknown subcommand %q\n", sub)
 		fmt.Fprint(stderr, cacheUsage)
@@ -79,20 +84,28 @@ func runCache(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	durable := fs.Bool("durable", false, "put: acknowledged only once on the server's stable storage")
 	asJSON := fs.Bool("json", false, "stat: print JSON")
 	quietFlag := fs.Bool("q", false, "no progress bar")
+	cf := addClusterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
 	}
-	want := map[string][2]int{"put": {1, 2}, "get": {1, 2}, "del": {1, 1}, "ls": {0, 1}, "stat": {0, 0}}[sub]
-	if fs.NArg() < want[0] || fs.NArg() > want[1] {
+	want := map[string][2]int{"put": {1, 2}, "get": {1, 2}, "del": {1, 1}, "ls": {0, 1}, "stat": {0, 0}, "members": {0, 0}}[sub]
+	if fs.NArg() < want[0] || fs.NArg() > want[1] || sub == "members" && !cf.on() {
 		fs.Usage()
 		return exitUsage
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if cf.on() {
+		if err := cacheClusterCommand(ctx, cf, sub, fs.Args(), *durable, stdout, stderr, log); err != nil {
+			fmt.Fprintln(stderr, "gowarp cache:", err)
+			return exitFailure
+		}
+		return exitOK
+	}
 	cl, err := cache.Dial(ctx, *addr, cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(log)), Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "gowarp cache:", err)
@@ -131,6 +144,7 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 	block := fs.String("block", "4MiB", "block size (a new data directory only)")
 	budget := fs.String("budget", "1GiB", "bytes of blocks in memory at once; the rest are paged out to their files")
 	maxValue := fs.String("max-value", "0", "largest value (0: 64 MiB, or what 64 blocks hold if less)")
+	sf := addServeClusterFlags(fs)
 	httpAddr := fs.String("http", "", "serve the status page (/) and Prometheus metrics (/metrics) on `host:port` (off if empty; port 0 picks one)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -169,6 +183,7 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var httpDone chan error
+	httpListen := ""
 	if *httpAddr != "" {
 		mon.Attach(srv)
 		hln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *httpAddr)
@@ -177,9 +192,23 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 			fmt.Fprintln(stderr, "gowarp cache serve: -http:", err)
 			return exitFailure
 		}
-		log.Info("cache: status page and metrics", "url", "http://"+hln.Addr().String()+"/")
+		httpListen = hln.Addr().String()
+		log.Info("cache: status page and metrics", "url", "http://"+httpListen+"/")
 		httpDone = make(chan error, 1)
 		go func() { httpDone <- mon.Serve(ctx, hln) }()
+	}
+	if sf.on() {
+		leave, err := joinCluster(ctx, sf, ln.Addr().String(), httpListen, log)
+		if err != nil {
+			cancel()
+			if httpDone != nil {
+				<-httpDone
+			}
+			srv.Close()
+			fmt.Fprintln(stderr, "gowarp cache serve: cluster:", err)
+			return exitFailure
+		}
+		defer leave()
 	}
 	st := srv.Stats()
 	log.Info("cache: serving", "addr", ln.Addr().String(), "dir", srv.Dir(), "keys", st.Keys, "blocks", st.Blocks, "resident", st.Resident)

@@ -1,0 +1,308 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/cache"
+	"github.com/gowarp/gowarp/cache/cluster"
+)
+
+// server is one cache server of a test cluster: registered in etcd
+// through an etcd client of its own, so that closing that client stands
+// for the process's death (its lease is no longer kept alive).
+type server struct {
+	id     string
+	addr   string
+	srv    *cache.Server
+	etcd   *clientv3.Client
+	reg    *cluster.Registration
+	stop   func()
+	direct *cache.Client // see onServer
+}
+
+func startServer(t *testing.T, ep, id string) *server {
+	t.Helper()
+	srv, err := cache.NewServer(cache.ServerOptions{Dir: t.TempDir(), Logger: quiet, Device: gowarp.Open(gowarp.WithLogger(quiet)),
+		BlockSize: 1 << 20, Budget: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	s := &server{id: id, addr: ln.Addr().String(), srv: srv, etcd: etcdClient(t, ep)}
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("%s: serve: %v", id, err)
+			}
+			srv.Close()
+		})
+	}
+	t.Cleanup(s.stop)
+	s.reg, err = cluster.Join(ctxT(t), s.etcd, "t", cluster.Member{ID: id, Addr: s.addr},
+		cluster.JoinOptions{TTL: time.Second, Replicas: 2, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As gowarp cache serve -etcd does: repair its own keys after each
+	// change of the map.
+	cc := newClient(t, ep)
+	go cc.RepairOnChange(ctx, id, 100*time.Millisecond)
+	return s
+}
+
+// kill stops the server at once, as kill -9 does: connections drop, and
+// the lease expires in its TTL since nobody keeps it alive.
+func (s *server) kill() {
+	s.stop()
+	s.etcd.Close()
+}
+
+func newClient(t *testing.T, ep string) *cluster.Client {
+	t.Helper()
+	c, err := cluster.NewClient(ctxT(t), etcdClient(t, ep), "t", cluster.ClientOptions{Logger: quiet,
+		Cache: cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(quiet)), Logger: quiet}, DownFor: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func val(i int) []byte {
+	n := 50 + i*37%3000
+	if i%10 == 0 {
+		n = 40 << 10 // larger than InlineMax: written and read by RDMA
+	}
+	tag := []byte(fmt.Sprintf("%d.", i))
+	return bytes.Repeat(tag, n/len(tag)+1)[:n]
+}
+
+func checkAll(t *testing.T, c *cluster.Client, n int, what string) {
+	t.Helper()
+	ctx := ctxT(t)
+	for i := range n {
+		got, err := c.Get(ctx, fmt.Sprintf("key-%d", i))
+		if err != nil || !bytes.Equal(got, val(i)) {
+			t.Fatalf("%s: get key-%d: %d bytes, %v", what, i, len(got), err)
+		}
+	}
+}
+
+// onServer says which servers hold key, asked directly (not through the
+// cluster), each through a client of the test's own.
+func onServer(t *testing.T, servers []*server, key string) []string {
+	t.Helper()
+	var ids []string
+	for _, s := range servers {
+		if s.direct == nil {
+			c, err := cache.Dial(ctxT(t), s.addr, cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(quiet)), Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			s.direct = c
+		}
+		if _, err := s.direct.Lookup(ctxT(t), key); err == nil {
+			ids = append(ids, s.id)
+		} else if !errors.Is(err, cache.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// TestClusterServerRemoved: three servers, R = 2. Keys put through the
+// cluster are on their two owners. One server is killed (or leaves):
+// every key is still served, at once and after the map has changed; the
+// survivors' Repair gives every key two copies again; and a client
+// started after the change finds the new map and every key.
+func TestClusterServerRemoved(t *testing.T) {
+	for _, how := range []string{"kill", "leave"} {
+		t.Run(how, func(t *testing.T) {
+			ep := startEtcd(t)
+			var servers []*server
+			for _, id := range []string{"a", "b", "c"} {
+				servers = append(servers, startServer(t, ep, id))
+			}
+			c := newClient(t, ep)
+			waitRing(t, c.Membership(), "a", "b", "c")
+			ctx := ctxT(t)
+			const n = 60
+			for i := range n {
+				if err := c.Put(ctx, fmt.Sprintf("key-%d", i), val(i), cache.PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ring := c.Ring()
+			for i := range n {
+				key := fmt.Sprintf("key-%d", i)
+				owners := ring.Owners(nil, key)
+				slices.SortFunc(owners, func(a, b cluster.Member) int { return strings.Compare(a.ID, b.ID) })
+				if got, want := onServer(t, servers, key), ids(owners); fmt.Sprint(got) != want {
+					t.Fatalf("%s is on %v, its owners are %s", key, got, want)
+				}
+			}
+
+			gone := servers[1]
+			if how == "kill" {
+				gone.kill()
+				// Served at once, before etcd has noticed: from the other
+				// owner of each key.
+				checkAll(t, c, n, "b killed, still in the map")
+			} else {
+				if err := gone.reg.Leave(ctx); err != nil {
+					t.Fatal(err)
+				}
+				gone.stop()
+			}
+			waitRing(t, c.Membership(), "a", "c")
+			checkAll(t, c, n, "b gone from the map")
+
+			// The survivors copy the keys that lost a copy to their new
+			// owners by themselves: every key gets back to two copies.
+			survivors := []*server{servers[0], servers[2]}
+			deadline := time.Now().Add(20 * time.Second)
+			for i := 0; i < n; i++ {
+				key := fmt.Sprintf("key-%d", i)
+				if got := onServer(t, survivors, key); len(got) != 2 {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s is on %v, want both survivors", key, got)
+					}
+					time.Sleep(20 * time.Millisecond)
+					i--
+				}
+			}
+			// A sweep now finds nothing to do.
+			if st, err := c.Repair(ctx); err != nil || st.Copied != 0 || st.Keys != 2*n {
+				t.Fatalf("repair after the survivors': %+v, %v; want %d keys, none to copy", st, err, 2*n)
+			}
+
+			late := newClient(t, ep)
+			if got := ids(late.Ring().Members()); got != "[a c]" {
+				t.Fatalf("a client started after the change sees %s", got)
+			}
+			checkAll(t, late, n, "a new client")
+			if err := late.Delete(ctx, "key-1"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Get(ctx, "key-1"); !errors.Is(err, cache.ErrNotFound) {
+				t.Fatalf("get after delete: %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
+
+// TestClusterServerVanishesMidRequest: gets run while a server is killed
+// under them; each ends with the right value (from the other owner),
+// none hangs or fails.
+func TestClusterServerVanishesMidRequest(t *testing.T) {
+	ep := startEtcd(t)
+	var servers []*server
+	for _, id := range []string{"a", "b", "c"} {
+		servers = append(servers, startServer(t, ep, id))
+	}
+	c := newClient(t, ep)
+	waitRing(t, c.Membership(), "a", "b", "c")
+	ctx := ctxT(t)
+	const n = 40
+	for i := range n {
+		if err := c.Put(ctx, fmt.Sprintf("key-%d", i), val(i), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	started := make(chan struct{}, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			started <- struct{}{}
+			for round := range 5 {
+				for i := g; i < n; i += 4 {
+					got, err := c.Get(ctx, fmt.Sprintf("key-%d", i))
+					if err != nil || !bytes.Equal(got, val(i)) {
+						errs <- fmt.Errorf("round %d: get key-%d: %d bytes, %w", round, i, len(got), err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for range 4 {
+		<-started
+	}
+	servers[0].kill()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestClusterBadMembers: a member record that does not parse, and one
+// that parses but names an address where nobody serves: every key is
+// still stored and served by the servers that are there.
+func TestClusterBadMembers(t *testing.T) {
+	ep := startEtcd(t)
+	startServer(t, ep, "a")
+	startServer(t, ep, "b")
+	cli := etcdClient(t, ep)
+	ctx := ctxT(t)
+	p := cluster.Prefix("t") + "members/"
+	if _, err := cli.Put(ctx, p+"junk", "\x00 not a record"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, p+"ghost", `{"v":1,"id":"ghost","addr":"127.0.0.1:1"}`); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, ep)
+	waitRing(t, c.Membership(), "a", "b", "ghost")
+	const n = 40
+	for i := range n {
+		if err := c.Put(ctx, fmt.Sprintf("key-%d", i), val(i), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkAll(t, c, n, "with a ghost member")
+	// All owners unreachable: a clear error, not a hang.
+	if _, err := cli.Delete(ctx, p, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, p+"ghost", `{"v":1,"id":"ghost","addr":"127.0.0.1:1"}`); err != nil {
+		t.Fatal(err)
+	}
+	waitRing(t, c.Membership(), "ghost")
+	if _, err := c.Get(ctx, "key-1"); !errors.Is(err, cluster.ErrUnavailable) {
+		t.Errorf("get with no owner up: %v, want ErrUnavailable", err)
+	}
+	if err := c.Put(ctx, "key-1", []byte("x"), cache.PutOptions{}); !errors.Is(err, cluster.ErrUnavailable) {
+		t.Errorf("put with no owner up: %v, want ErrUnavailable", err)
+	}
+	if _, err := cli.Delete(ctx, p, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	waitRing(t, c.Membership(), []string{}...)
+	if _, err := c.Get(ctx, "key-1"); !errors.Is(err, cluster.ErrNoMembers) {
+		t.Errorf("get with no members: %v, want ErrNoMembers", err)
+	}
+}
