@@ -130,6 +130,25 @@ func onServer(t *testing.T, servers []*server, key string) []string {
 	return ids
 }
 
+// startCluster starts etcd and three servers a, b and c, and puts n keys
+// (key-0 ...) through a cluster client.
+func startCluster(t *testing.T, n int) (ep string, servers []*server, c *cluster.Client) {
+	t.Helper()
+	ep = startEtcd(t)
+	for _, id := range []string{"a", "b", "c"} {
+		servers = append(servers, startServer(t, ep, id))
+	}
+	c = newClient(t, ep)
+	waitRing(t, c.Membership(), "a", "b", "c")
+	ctx := ctxT(t)
+	for i := range n {
+		if err := c.Put(ctx, fmt.Sprintf("key-%d", i), val(i), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ep, servers, c
+}
+
 // TestClusterServerRemoved: three servers, R = 2. Keys put through the
 // cluster are on their two owners. One server is killed (or leaves):
 // every key is still served, at once and after the map has changed; the
@@ -138,20 +157,9 @@ func onServer(t *testing.T, servers []*server, key string) []string {
 func TestClusterServerRemoved(t *testing.T) {
 	for _, how := range []string{"kill", "leave"} {
 		t.Run(how, func(t *testing.T) {
-			ep := startEtcd(t)
-			var servers []*server
-			for _, id := range []string{"a", "b", "c"} {
-				servers = append(servers, startServer(t, ep, id))
-			}
-			c := newClient(t, ep)
-			waitRing(t, c.Membership(), "a", "b", "c")
-			ctx := ctxT(t)
 			const n = 60
-			for i := range n {
-				if err := c.Put(ctx, fmt.Sprintf("key-%d", i), val(i), cache.PutOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			ep, servers, c := startCluster(t, n)
+			ctx := ctxT(t)
 			ring := c.Ring()
 			for i := range n {
 				key := fmt.Sprintf("key-%d", i)
@@ -215,20 +223,9 @@ func TestClusterServerRemoved(t *testing.T) {
 // under them; each ends with the right value (from the other owner),
 // none hangs or fails.
 func TestClusterServerVanishesMidRequest(t *testing.T) {
-	ep := startEtcd(t)
-	var servers []*server
-	for _, id := range []string{"a", "b", "c"} {
-		servers = append(servers, startServer(t, ep, id))
-	}
-	c := newClient(t, ep)
-	waitRing(t, c.Membership(), "a", "b", "c")
-	ctx := ctxT(t)
 	const n = 40
-	for i := range n {
-		if err := c.Put(ctx, fmt.Sprintf("key-%d", i), val(i), cache.PutOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, servers, c := startCluster(t, n)
+	ctx := ctxT(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	started := make(chan struct{}, 4)

@@ -157,19 +157,32 @@ func (r *Registration) keepAlive(ctx context.Context, m Member) {
 			return
 		}
 		r.log.Warn("cluster: lease lost; registering again", "key", r.key, "err", err)
-		for ctx.Err() == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
+		taken := false
+		if !retry(ctx, &backoff, func() bool {
+			err := r.register(ctx, m)
+			taken = errors.Is(err, ErrMemberExists)
+			return err == nil || taken
+		}) || taken {
+			if taken {
+				r.log.Error("cluster: cannot register again: another server took the ID", "key", r.key)
 			}
-			backoff = min(2*backoff, 5*time.Second)
-			if err := r.register(ctx, m); err == nil {
-				break
-			} else if errors.Is(err, ErrMemberExists) {
-				r.log.Error("cluster: cannot register again", "key", r.key, "err", err)
-				return
-			}
+			return
+		}
+	}
+}
+
+// retry calls f after a pause, doubling the pause (*backoff, up to 5 s)
+// each time, until f returns true (then retry does) or ctx ends (false).
+func retry(ctx context.Context, backoff *time.Duration, f func() bool) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(*backoff):
+		}
+		*backoff = min(2**backoff, 5*time.Second)
+		if f() {
+			return true
 		}
 	}
 }
@@ -301,7 +314,9 @@ func (w *Membership) follow(ctx context.Context) {
 		w.mu.Lock()
 		rev := w.rev
 		w.mu.Unlock()
-		wch := w.cli.Watch(clientv3.WithRequireLeader(ctx), Prefix(w.name), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		// A watch of its own context, so that leaving it early ends it.
+		wctx, wcancel := context.WithCancel(ctx)
+		wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix(w.name), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for resp := range wch {
 			if err := resp.Err(); err != nil {
 				w.log.Info("cluster: watch", "err", err)
@@ -316,20 +331,17 @@ func (w *Membership) follow(ctx context.Context) {
 			}
 			w.set(resp.Header.Revision, members, invalid, cfg)
 		}
-		for ctx.Err() == nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
+		wcancel()
+		if !retry(ctx, &backoff, func() bool {
 			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
 			err := w.load(lctx, false)
-			cancel()
-			if err == nil {
-				break
+			if err != nil {
+				w.log.Info("cluster: reload members", "err", err)
 			}
-			w.log.Info("cluster: reload members", "err", err)
+			return err == nil
+		}) {
+			return
 		}
 	}
 }

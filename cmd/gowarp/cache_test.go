@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +101,51 @@ func TestCacheBench(t *testing.T) {
 		if !systems[s] {
 			t.Errorf("no %s result in %s", s, out)
 		}
+	}
+}
+
+// TestCacheServeHTTP: gowarp cache serve -http serves the status page and
+// the metrics while it serves the cache, and stops with it.
+func TestCacheServeHTTP(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runCache(ctx, []string{"serve", "-addr", "127.0.0.1:0", "-dir", t.TempDir(), "-http", "127.0.0.1:0", "-budget", "16MiB"}, io.Discard, &stderr)
+	}()
+	re := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+/)`)
+	var url string
+	deadline := time.Now().Add(30 * time.Second)
+	for url == "" {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			url = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no status page URL logged in 30 s:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for path, want := range map[string]string{"": "gowarp cache", "metrics": "gowarp_cache_budget_bytes 1.6777216e+07", "status.json": `"Budget":16777216`} {
+		resp, err := http.Get(url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), want) {
+			t.Errorf("GET /%s: %s, no %q in\n%.300s", path, resp.Status, want, b)
+		}
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("serve exited %d:\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop in 30 s")
+	}
+	if _, err := http.Get(url); err == nil {
+		t.Error("the status page is still served after serve stopped")
 	}
 }
