@@ -305,6 +305,9 @@ func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 		}
 	}
 	if len(missed) > 0 {
+		if len(errs) > 0 {
+			return nil, fmt.Errorf("%w: %q on %d servers (%w)", cache.ErrNotFound, key, len(missed), errors.Join(errs...))
+		}
 		return nil, fmt.Errorf("%w: %q on %d servers", cache.ErrNotFound, key, len(missed))
 	}
 	return nil, fmt.Errorf("%w: get %q: %w", ErrUnavailable, key, errors.Join(errs...))
@@ -445,24 +448,31 @@ func membersOf(ids []string) []Member {
 
 // RepairOnChange runs Repair for the member id (a server's own keys) after
 // every change of the map, until ctx ends: the changes of settle's span
-// are taken as one. It is how a cluster gets back to R copies of each key
-// after a server leaves, without anyone asking.
+// are taken as one, and a Repair that could not reach every server is run
+// again a moment later. It is how a cluster gets back to R copies of each
+// key after a server leaves, without anyone asking.
 func (c *Client) RepairOnChange(ctx context.Context, id string, settle time.Duration) {
+	ch := c.w.Changed()
+	var again <-chan time.Time
 	for {
-		ch := c.w.Changed()
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.w.done:
 			return
 		case <-ch:
+		case <-again:
 		}
+		// Wait for the changes to settle; the channel is the one of the
+		// next change after the map that Repair will read, so a change
+		// during the Repair brings another.
 	settling:
 		for {
+			ch = c.w.Changed()
 			select {
 			case <-ctx.Done():
 				return
-			case <-c.w.Changed():
+			case <-ch:
 			case <-time.After(settle):
 				break settling
 			}
@@ -470,6 +480,10 @@ func (c *Client) RepairOnChange(ctx context.Context, id string, settle time.Dura
 		st, err := c.Repair(ctx, id)
 		if ctx.Err() != nil {
 			return
+		}
+		again = nil
+		if err != nil {
+			again = time.After(max(settle, time.Second))
 		}
 		c.log.Info("cluster: repaired after a change", "id", id, "keys", st.Keys, "copied", st.Copied, "dropped", st.Dropped, "err", err)
 	}
