@@ -220,6 +220,10 @@ func (t *txState) setSeg(seg int) {
 	t.maxUntagged = min(seg-2-wire.UntaggedHeaderLen-wire.CRCLen, wire.MaxULPDULen-wire.UntaggedHeaderLen) &^ 3
 }
 
+// testHookWritten, when set by a test before a queue pair starts, runs
+// in the transmit path after each write, before it looks at what was sent.
+var testHookWritten func(*QP)
+
 // transmit runs the transmit path while the caller holds the role. With
 // block false (a posting goroutine) it gives the role to the transmit
 // goroutine as soon as the socket would block; with block true it waits.
@@ -270,6 +274,9 @@ func (q *QP) transmit(block bool) {
 			q.mu.Unlock()
 		}
 		n, err := q.link.Writev(t.iov[t.first:], t.records(), block)
+		if testHookWritten != nil {
+			testHookWritten(q)
+		}
 		t.heldWait = false
 		if err != nil {
 			if errors.Is(err, errWouldBlock) {
@@ -349,6 +356,14 @@ func (t *txState) advance(n int) {
 // taken (Handed) or the peer has acknowledged (Acked), and retires them.
 func (q *QP) markSentLocked() {
 	t := &q.tx
+	if q.sqDone < q.sqHead {
+		// The receive path retired work this had not passed yet: a Read
+		// (or an atomic, a flush) answered while the write that sent it
+		// was still in its system call. Those entries are done, and
+		// their slots may hold new work already, which must not be taken
+		// for theirs.
+		q.sqDone = q.sqHead
+	}
 	if q.sqDone == q.sqTx {
 		return
 	}
