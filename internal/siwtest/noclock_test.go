@@ -13,3 +13,20 @@ func TestPerftestNoClock(t *testing.T) {
 		t.Error("a report taken for the warning")
 	}
 }
+
+// TestPerftestLatNoClock: the result line of a send_lat server whose clock
+// estimate failed (siw suite, 2026-12-02: "Correlation coefficient r^2:
+// 0.809061 < 0.9") still gives its size and count, and a real report is
+// not taken for it.
+func TestPerftestLatNoClock(t *testing.T) {
+	m := latLineNoClock.FindStringSubmatch(" #bytes #iterations    t_min[usec]\n 2       50          inf            inf          inf      \t       inf         \t-nan   \t\tinf     \t\tinf    \n")
+	if m == nil || m[1] != "2" || m[2] != "50" {
+		t.Errorf("inf report not recognised: %q", m)
+	}
+	if latLineNoClock.MatchString(" 2       50          107.92         9850.37      1993.61  \t       2240.68\n") {
+		t.Error("a real report taken for an inf one")
+	}
+	if latLine.MatchString(" 2       50          inf            inf          inf\n") {
+		t.Error("latLine matches an inf report")
+	}
+}

@@ -478,6 +478,10 @@ func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (det
 // failed (get_cpu_mhz), after which it reports every rate as 0.
 var perftestNoClock = regexp.MustCompile(`Correlation coefficient r\^2: [0-9.e-]+ < 0\.9`)
 
+// latLineNoClock is a latency test's result line when perftest's clock
+// estimate failed: size and count, then inf where the figures go.
+var latLineNoClock = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+inf\s+inf\s+inf\b`)
+
 // rpingServer starts a 64-byte rping server in the guest.
 func (s *suite) rpingServer(ctx context.Context, t *testing.T) *guestJob {
 	job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("rping -s -a %s -p %d -S 64", guestAddr, guestRpingPort), time.Minute)
