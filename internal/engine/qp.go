@@ -190,6 +190,7 @@ type QP struct {
 	err   error
 
 	sq                           []sqEntry
+	// sqHead <= sqDone <= sqTx <= sqTail: retired, marked sent, framed, posted.
 	sqHead, sqDone, sqTx, sqTail uint64
 
 	rq             []rqEntry
@@ -730,6 +731,14 @@ func (q *QP) retireLocked(fromRx bool) {
 		}
 		e.pre, e.nsge = nil, 0
 		q.sqHead++
+	}
+	if q.sqDone < q.sqHead {
+		// The receive path retired work the transmit path had not yet
+		// marked sent: a Read (an atomic, a flush) answered while the
+		// write that sent it was still in its system call. Marking goes
+		// on from the head: the slots behind it may hold new work, or,
+		// once the ring grew, nothing (growSQLocked copies from the head).
+		q.sqDone = q.sqHead
 	}
 }
 

@@ -356,14 +356,6 @@ func (t *txState) advance(n int) {
 // taken (Handed) or the peer has acknowledged (Acked), and retires them.
 func (q *QP) markSentLocked() {
 	t := &q.tx
-	if q.sqDone < q.sqHead {
-		// The receive path retired work this had not passed yet: a Read
-		// (or an atomic, a flush) answered while the write that sent it
-		// was still in its system call. Those entries are done, and
-		// their slots may hold new work already, which must not be taken
-		// for theirs.
-		q.sqDone = q.sqHead
-	}
 	if q.sqDone == q.sqTx {
 		return
 	}
