@@ -189,7 +189,7 @@ type QP struct {
 	state atomic.Int32
 	err   error
 
-	sq                           []sqEntry
+	sq []sqEntry
 	// sqHead <= sqDone <= sqTx <= sqTail: retired, marked sent, framed, posted.
 	sqHead, sqDone, sqTx, sqTail uint64
 
