@@ -38,17 +38,11 @@ func BenchmarkFileWrite(b *testing.B) {
 					if err := f.Truncate(int64(size)); err != nil {
 						b.Fatal(err)
 					}
-					p := newPair(b, gowarp.ConnectOptions{})
-					fmr, err := p.pd.RegisterFile(f, 0, 0, gowarp.RemoteWrite, gowarp.FileOptions{})
-					if err != nil {
-						b.Fatal(err)
-					}
-					key := fmr.STag()
+					sem := gowarp.Plain
 					if mode == "durable" {
-						if key, err = fmr.Expose(gowarp.Durable); err != nil {
-							b.Fatal(err)
-						}
+						sem = gowarp.Durable
 					}
+					p, fmr, key := benchFileMR(b, f, gowarp.RemoteWrite, sem)
 					typ := gowarp.FlushVisibility
 					if mode == "persist-flush" {
 						typ = gowarp.FlushPersistence
@@ -74,6 +68,24 @@ func BenchmarkFileWrite(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchFileMR connects a pair and registers all of f on it with access
+// acc; key is the region's own STag for Plain, else a key exposed with sem.
+func benchFileMR(b *testing.B, f *os.File, acc gowarp.Access, sem gowarp.Semantics) (*pair, *gowarp.MR, gowarp.STag) {
+	b.Helper()
+	p := newPair(b, gowarp.ConnectOptions{})
+	fmr, err := p.pd.RegisterFile(f, 0, 0, acc, gowarp.FileOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := fmr.STag()
+	if sem != gowarp.Plain {
+		if key, err = fmr.Expose(sem); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return p, fmr, key
 }
 
 func sizeName(n int) string {
@@ -117,17 +129,11 @@ func BenchmarkFileRead(b *testing.B) {
 					if err := f.Sync(); err != nil { // clean pages can be dropped
 						b.Fatal(err)
 					}
-					p := newPair(b, gowarp.ConnectOptions{})
-					fmr, err := p.pd.RegisterFile(f, 0, 0, gowarp.RemoteRead, gowarp.FileOptions{})
-					if err != nil {
-						b.Fatal(err)
-					}
-					key := fmr.STag()
+					sem := gowarp.Plain
 					if mode == "readthrough" {
-						if key, err = fmr.Expose(gowarp.ReadThrough); err != nil {
-							b.Fatal(err)
-						}
+						sem = gowarp.ReadThrough
 					}
+					p, fmr, key := benchFileMR(b, f, gowarp.RemoteRead, sem)
 					dst, _ := p.reg(b, size, gowarp.LocalWrite)
 					wr := gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: dst, Length: size}}, RemoteAddr: fmr.Addr(), RKey: uint32(key)}
 					b.SetBytes(int64(size))
