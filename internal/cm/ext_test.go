@@ -28,21 +28,7 @@ func TestExtNegotiation(t *testing.T) {
 			a, b := net.Pipe()
 			defer a.Close()
 			defer b.Close()
-			type out struct {
-				req *Request
-				res Result
-				err error
-			}
-			done := make(chan out, 1)
-			go func() {
-				req, err := readRequest(ctx, b)
-				if err != nil {
-					done <- out{err: err}
-					return
-				}
-				res, err := req.Accept(ctx, Options{Ext: tt.rsp, PrivateData: []byte("reply")})
-				done <- out{req, res, err}
-			}()
+			done := acceptAsync(ctx, b, Options{Ext: tt.rsp, PrivateData: []byte("reply")})
 			res, err := Initiate(ctx, a, Options{Revision: tt.rev, Ext: tt.ini, PrivateData: []byte("request")})
 			if err != nil {
 				t.Fatal(err)

@@ -22,28 +22,13 @@ func shmLeft(t testing.TB) []string {
 	return m
 }
 
-type accepted struct {
-	req *Request
-	res Result
-	err error
-}
-
 // negotiate runs both sides of the exchange on a loopback connection.
 func negotiate(t *testing.T, ini, rsp Options) (Result, accepted, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, b := tcpPair(t)
-	done := make(chan accepted, 1)
-	go func() {
-		req, err := readRequest(ctx, b)
-		if err != nil {
-			done <- accepted{err: err}
-			return
-		}
-		res, err := req.Accept(ctx, rsp)
-		done <- accepted{req, res, err}
-	}()
+	done := acceptAsync(ctx, b, rsp)
 	res, err := Initiate(ctx, a, ini)
 	o := <-done
 	t.Cleanup(func() { res.Shm.Unmap(); o.res.Shm.Unmap() })
@@ -119,16 +104,7 @@ func rawOffer(t *testing.T, block []byte) (accepted, wire.MPAFrame) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, b := tcpPair(t)
-	done := make(chan accepted, 1)
-	go func() {
-		req, err := readRequest(ctx, b)
-		if err != nil {
-			done <- accepted{err: err}
-			return
-		}
-		res, err := req.Accept(ctx, Options{Shm: true, PrivateData: []byte("reply")})
-		done <- accepted{req, res, err}
-	}()
+	done := acceptAsync(ctx, b, Options{Shm: true, PrivateData: []byte("reply")})
 	req := wire.MPAFrame{Revision: 2, Enhanced: true, IRD: 1, ORD: 1, PrivateData: append([]byte("app"), block...)}
 	if err := writeFrame(a, &req); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,29 @@ import (
 	"github.com/gowarp/gowarp/wire"
 )
 
+// accepted is what the responder's side of an exchange ended with.
+type accepted struct {
+	req *Request
+	res Result
+	err error
+}
+
+// acceptAsync runs the responder's side on c, reading the request and
+// accepting it with o, and sends what it ended with.
+func acceptAsync(ctx context.Context, c net.Conn, o Options) <-chan accepted {
+	done := make(chan accepted, 1)
+	go func() {
+		req, err := readRequest(ctx, c)
+		if err != nil {
+			done <- accepted{err: err}
+			return
+		}
+		res, err := req.Accept(ctx, o)
+		done <- accepted{req, res, err}
+	}()
+	return done
+}
+
 // TestTenantCarried: a tenant name reaches the responder, is confirmed,
 // and neither application sees the block, with the extensions' block
 // beside it or not; without a name nothing is added either way.
@@ -32,21 +55,7 @@ func TestTenantCarried(t *testing.T) {
 			a, b := net.Pipe()
 			defer a.Close()
 			defer b.Close()
-			type out struct {
-				req *Request
-				res Result
-				err error
-			}
-			done := make(chan out, 1)
-			go func() {
-				req, err := readRequest(ctx, b)
-				if err != nil {
-					done <- out{err: err}
-					return
-				}
-				res, err := req.Accept(ctx, Options{Ext: true, PrivateData: []byte("reply")})
-				done <- out{req, res, err}
-			}()
+			done := acceptAsync(ctx, b, Options{Ext: true, PrivateData: []byte("reply")})
 			res, err := Initiate(ctx, a, Options{Revision: tt.rev, Ext: tt.ext, Tenant: tt.tenant, PrivateData: []byte("request")})
 			if err != nil {
 				t.Fatal(err)
