@@ -3,11 +3,9 @@
 package gowarp_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -80,28 +78,7 @@ func TestMemsemChild(t *testing.T) {
 func killRun(t *testing.T, n, w int, doFlush bool, typ gowarp.FlushType) int {
 	t.Helper()
 	path := newFile(t, n*w).Name()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMemsemChild$")
-	cmd.Env = append(os.Environ(), memsemChildEnv+"="+path)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer cmd.Process.Kill()
-	var addr string
-	var stag uint32
-	var base uint64
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("child: %v", err)
-	}
-	if _, err := fmt.Sscan(line, &addr, &stag, &base); err != nil {
-		t.Fatalf("child said %q: %v", line, err)
-	}
+	cmd, addr, stag, base := startPeer(t, "TestMemsemChild", memsemChildEnv+"="+path)
 	p := newIdlePair(t, 1024)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -80,6 +80,36 @@ func TestAdapterSharedMemoryChild(t *testing.T) {
 	}
 }
 
+// startPeer re-executes this test binary to run only the test named run,
+// with env set in its environment, and returns the process and what it
+// printed first: its listening address and an MR's STag and address.
+// The process is killed and waited for when the test ends.
+func startPeer(t *testing.T, run, env string) (cmd *exec.Cmd, addr string, stag uint32, base uint64) {
+	t.Helper()
+	cmd = exec.Command(os.Args[0], "-test.run=^"+run+"$")
+	cmd.Env = append(os.Environ(), env)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if _, err := fmt.Sscan(line, &addr, &stag, &base); err != nil {
+		t.Fatalf("child said %q: %v", line, err)
+	}
+	return cmd, addr, stag, base
+}
+
 // TestAdapterSharedMemoryKill: a peer process killed with SIGKILL in the
 // middle of two streams of Writes makes the queue pair fail with a clear
 // error (the peer closed, or the link was lost), every work request
@@ -90,28 +120,7 @@ func TestAdapterSharedMemoryKill(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	for run := range 2 {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestAdapterSharedMemoryChild$")
-		cmd.Env = append(os.Environ(), shmChildEnv+"=1")
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Wait()
-		defer cmd.Process.Kill()
-		var addr string
-		var stag uint32
-		var base uint64
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err != nil {
-			t.Fatalf("child: %v", err)
-		}
-		if _, err := fmt.Sscan(line, &addr, &stag, &base); err != nil {
-			t.Fatalf("child said %q: %v", line, err)
-		}
+		cmd, addr, stag, base := startPeer(t, "TestAdapterSharedMemoryChild", shmChildEnv+"=1")
 		p := newIdlePair(t, 1024)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -169,7 +178,7 @@ func TestAdapterSharedMemoryKill(t *testing.T) {
 			t.Fatalf("run %d: hung: %d posted, %d completed, state %v", run, posted, completed, p.a.State())
 		}
 		waitState(t, p.a, gowarp.StateError)
-		err = p.a.Err()
+		err := p.a.Err()
 		if !errors.Is(err, gowarp.ErrPeerClosed) && !errors.Is(err, gowarp.ErrLinkLost) {
 			t.Fatalf("run %d: error %v, want ErrPeerClosed or ErrLinkLost", run, err)
 		}
