@@ -188,7 +188,7 @@ type Session struct {
 	byQP   map[*QP]*sconn // every connection not yet released
 	tx     *sconn         // the connection this side sends on
 	downAt time.Time      // since when no connection was up
-	stats  SessionStats   // Failovers, Resent, Duplicates, Joins
+	stats  SessionStats   // Failovers, Resent, Duplicates, Joins (Conns, TxPath: Stats derives them)
 	wc     [64]Completion // the internal CQ's, polled under mu
 	swr    SendWR         // scratch wire requests, under mu
 	rwr    RecvWR         // ...
@@ -274,7 +274,6 @@ func newSession(pd *PD, cfg SessionConfig, id uint64, initiator bool) (*Session,
 		ring: make([]sendEntry, cfg.SendDepth), pend: make([]rxMsg, cfg.Window+1),
 		recvs: make([]recvSlot, cfg.RecvDepth), comp: make([]SessionCompletion, cfg.SendDepth+cfg.RecvDepth),
 		notify: make(chan struct{}, 1), downAt: time.Now()}
-	s.stats.TxPath = -1
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	var err error
 	s.hdrMR, err = pd.Register(make([]byte, failover.HeaderLen*cfg.SendDepth), LocalWrite)
@@ -465,7 +464,6 @@ func (s *Session) addConn(c *sconn) {
 	s.byQP[c.qp] = c
 	if s.tx == nil {
 		s.tx = c
-		s.stats.TxPath = c.path
 		s.posted = s.head // resend what is not acknowledged
 		s.pump()
 	}
@@ -738,17 +736,15 @@ func (s *Session) dead(c *sconn, why string) {
 	}
 	if s.tx == c {
 		s.tx = nil
-		s.stats.TxPath = -1
 		s.stats.Failovers++
 		s.stats.LastFailover = time.Now()
 		for _, o := range s.conns {
 			if o != nil && !o.dead && o.qp.State() == StateReady {
 				s.tx = o
-				s.stats.TxPath = o.path
 				break
 			}
 		}
-		s.log.Info("gowarp session: connection lost, failing over", "path", c.path, "why", why, "to", s.stats.TxPath)
+		s.log.Info("gowarp session: connection lost, failing over", "path", c.path, "why", why, "to", s.txPath())
 		s.posted = s.head // send again what is not acknowledged, in order
 	}
 	if s.tx == nil && !s.anyUp() {
@@ -758,6 +754,14 @@ func (s *Session) dead(c *sconn, why string) {
 		s.redial(c.path)
 	}
 	s.maybeRelease(c)
+}
+
+// txPath is the path this side sends on, -1 if none (under mu).
+func (s *Session) txPath() int {
+	if s.tx == nil {
+		return -1
+	}
+	return s.tx.path
 }
 
 func (s *Session) anyUp() bool {
@@ -1006,6 +1010,7 @@ func (s *Session) Stats() SessionStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
+	st.TxPath = s.txPath()
 	for _, c := range s.conns {
 		if c != nil && !c.dead {
 			st.Conns++
