@@ -79,15 +79,9 @@ func (s *tenantServer) connect(t testing.TB, tenant string) (*gowarp.QP, *gowarp
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dev := gowarp.Open()
-	pd := dev.AllocPD()
-	cq := dev.NewCQ(64)
-	qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { qp.Close() })
-	if err := qp.Connect(ctx, s.ln.Addr().String(), gowarp.ConnectOptions{Tenant: tenant, Extensions: true}); err != nil {
+	p := newIdlePair(t, 64) // its b stays idle
+	t.Cleanup(func() { p.a.Close(); p.b.Close() })
+	if err := p.a.Connect(ctx, s.ln.Addr().String(), gowarp.ConnectOptions{Tenant: tenant, Extensions: true}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -95,7 +89,7 @@ func (s *tenantServer) connect(t testing.TB, tenant string) (*gowarp.QP, *gowarp
 	case <-ctx.Done():
 		t.Fatal("the server accepted nothing")
 	}
-	return qp, cq, pd
+	return p.a, p.acq, p.pd
 }
 
 // TestTenantIsolation: a peer connected as tenant blue tries every kind
@@ -116,40 +110,32 @@ func TestTenantIsolation(t *testing.T) {
 		return mr
 	}
 	red := mk(s.redPD)
+	// rdma posts wr, signaled, from n bytes of l at target m.
+	rdma := func(wr gowarp.SendWR, n int) func(qp *gowarp.QP, l, m *gowarp.MR) error {
+		return func(qp *gowarp.QP, l, m *gowarp.MR) error {
+			wr.ID, wr.Flags, wr.SGL = 1, gowarp.Signaled, []gowarp.SGE{{MR: l, Length: n}}
+			wr.RemoteAddr, wr.RKey = m.Addr(), uint32(m.STag())
+			return qp.PostSend(&wr)
+		}
+	}
 	for _, tt := range []struct {
 		name string
 		want *wire.TermError // what an STag unknown to the table gets
 		post func(qp *gowarp.QP, local *gowarp.MR, target *gowarp.MR) error
 	}{
-		{"Write", wire.ErrDDPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
-			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-				SGL: []gowarp.SGE{{MR: l, Length: 16}}, RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
-		}},
-		{"WriteImm", wire.ErrDDPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
-			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWriteImm, Flags: gowarp.Signaled, Imm: 5,
-				SGL: []gowarp.SGE{{MR: l, Length: 16}}, RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
-		}},
-		{"Read", wire.ErrRDMAPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
-			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-				SGL: []gowarp.SGE{{MR: l, Length: 32}}, RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
-		}},
+		{"Write", wire.ErrDDPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpWrite}, 16)},
+		{"WriteImm", wire.ErrDDPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpWriteImm, Imm: 5}, 16)},
+		{"Read", wire.ErrRDMAPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpRead}, 32)},
 		{"SendInv", wire.ErrRDMAPCannotInvalidate, func(qp *gowarp.QP, l, m *gowarp.MR) error {
 			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpSendInv, Flags: gowarp.Signaled,
 				SGL: []gowarp.SGE{{MR: l, Length: 8}}, InvalidateSTag: uint32(m.STag())})
 		}},
-		{"FetchAdd", wire.ErrRDMAPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
-			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpFetchAdd, Flags: gowarp.Signaled, CompareAdd: 1,
-				SGL: []gowarp.SGE{{MR: l, Length: 8}}, RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
-		}},
+		{"FetchAdd", wire.ErrRDMAPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpFetchAdd, CompareAdd: 1}, 8)},
 		{"CmpSwap", wire.ErrRDMAPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
-			v, _ := m.AtomicLoad(0)
-			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpCmpSwap, Flags: gowarp.Signaled, CompareAdd: v, Swap: 1,
-				SGL: []gowarp.SGE{{MR: l, Length: 8}}, RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
+			v, _ := m.AtomicLoad(0) // the swap would succeed, were the STag known
+			return rdma(gowarp.SendWR{Op: gowarp.OpCmpSwap, CompareAdd: v, Swap: 1}, 8)(qp, l, m)
 		}},
-		{"AtomicWrite", wire.ErrRDMAPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
-			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpAtomicWrite, Flags: gowarp.Signaled, Swap: 1,
-				SGL: []gowarp.SGE{{MR: l, Length: 8}}, RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
-		}},
+		{"AtomicWrite", wire.ErrRDMAPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpAtomicWrite, Swap: 1}, 8)},
 		{"Flush", wire.ErrRDMAPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
 			return qp.PostFlush(&gowarp.FlushWR{ID: 1, Flags: gowarp.Signaled, Type: gowarp.FlushVisibility,
 				RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
