@@ -93,18 +93,16 @@ func (o *Options) check() error {
 	if o.Revision == 2 {
 		max -= 4
 	}
-	if o.Ext {
-		max -= extBlockLen
-	}
-	if o.Shm {
-		max -= shmBlockLen
-	}
 	if o.Tenant != "" {
 		if err := CheckTenant(o.Tenant); err != nil {
 			return err
 		}
-		max -= tenantBlockLen(o.Tenant)
 	}
+	b := blocks{tenant: o.Tenant, ext: o.Ext}
+	if o.Shm {
+		b.shm = &shmBlock{} // its size: the offer and the answer have one
+	}
+	max -= b.len()
 	if len(o.PrivateData) > max {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPrivateDataLong, len(o.PrivateData), max)
 	}
@@ -191,22 +189,17 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (res Result, err error
 	// Best effort: a stream with no TCP socket under it has no such bound.
 	_ = SetLinkTimeout(c, o.LinkTimeout)
 	defer deadline(ctx, c, replyTimeout)()
-	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: o.PrivateData}
-	if o.Tenant != "" {
-		req.PrivateData = appendTenant(req.PrivateData, o.Tenant)
-	}
-	if o.Ext {
-		req.PrivateData = appendExt(req.PrivateData)
-	}
+	sent := blocks{tenant: o.Tenant, ext: o.Ext}
 	offer, shmErr := offerShm(c, &o)
 	if offer != nil {
-		req.PrivateData = appendShm(req.PrivateData, &offer.blk)
+		sent.shm = &offer.blk
 		defer func() {
 			if res.Shm == nil {
 				offer.discard()
 			}
 		}()
 	}
+	req := wire.MPAFrame{CRC: o.CRC, Revision: uint8(o.Revision), PrivateData: sent.appendTo(o.PrivateData)}
 	if o.Revision == 2 {
 		req.Enhanced = true
 		req.IRD, req.ORD = uint16(o.ird()), uint16(o.ord())
@@ -246,17 +239,12 @@ func Initiate(ctx context.Context, c net.Conn, o Options) (res Result, err error
 		// Taken only by a responder that wrote its token into our file.
 		r.PrivateData, shm, r.ShmErr = answerShm(r.PrivateData, offer)
 	}
-	if o.Ext {
-		// Only a responder that saw our offer answers with its own.
-		r.PrivateData, r.Ext = cutExt(r.PrivateData)
+	// Only a responder that saw a block answers it.
+	pd, got, err := cutBlocks(r.PrivateData, o.Tenant != "", o.Ext, false)
+	if o.Tenant != "" && (err != nil || got.tenant != o.Tenant) {
+		return Result{}, fmt.Errorf("%w: asked for %q, reply confirms %q", ErrTenantRefused, o.Tenant, got.tenant)
 	}
-	if o.Tenant != "" {
-		pd, name, err := CutTenant(r.PrivateData)
-		if err != nil || name != o.Tenant {
-			return Result{}, fmt.Errorf("%w: asked for %q, reply confirms %q", ErrTenantRefused, o.Tenant, name)
-		}
-		r.PrivateData = pd
-	}
+	r.PrivateData, r.Ext = pd, got.ext
 	if rep.Enhanced {
 		// The responder's ORD is how many Reads it may send us: our IRD
 		// must cover it, lifted if need be (siw's relaxed rule), unless
@@ -364,16 +352,12 @@ func readRequest(ctx context.Context, c net.Conn) (*Request, error) {
 		return nil, fmt.Errorf("%w: a reply where the request was due", ErrProtocol)
 	}
 	req := &Request{c: c, Frame: f}
-	pd, blk, offered, err := cutShm(f.PrivateData)
-	if offered {
-		req.shm, req.shmErr = &blk, err
-	}
-	req.Frame.PrivateData, req.ext = cutExt(pd)
-	var err2 error
-	if req.Frame.PrivateData, req.tenant, err2 = CutTenant(req.Frame.PrivateData); err2 != nil {
+	pd, got, err := cutBlocks(f.PrivateData, true, true, true)
+	if err != nil {
 		req.reject(nil, f.Revision)
-		return nil, fmt.Errorf("%w: %w", ErrProtocol, err2)
+		return nil, err
 	}
+	req.Frame.PrivateData, req.ext, req.shm, req.shmErr, req.tenant = pd, got.ext, got.shm, got.shmErr, got.tenant
 	switch {
 	case f.Markers:
 		req.reject(nil, f.Revision)
@@ -398,21 +382,13 @@ func (r *Request) Accept(ctx context.Context, o Options) (Result, error) {
 	defer deadline(ctx, r.c, replyTimeout)()
 	f := &r.Frame
 	res := Result{Revision: o.Revision, CRC: o.CRC || f.CRC, IRD: o.ird(), ORD: o.ord(), HoldTx: true, PrivateData: f.PrivateData}
-	rep := wire.MPAFrame{Reply: true, CRC: res.CRC, Revision: f.Revision, PrivateData: o.PrivateData}
-	if r.tenant != "" {
-		rep.PrivateData = appendTenant(rep.PrivateData, r.tenant)
-	}
-	if o.Ext && r.ext {
-		// Never to an initiator that did not offer: it may not know them.
-		rep.PrivateData, res.Ext = appendExt(rep.PrivateData), true
-	}
+	// Each block only to an initiator that sent one: it may not know them.
+	ans := blocks{tenant: r.tenant, ext: o.Ext && r.ext}
+	res.Ext = ans.ext
 	if o.Shm {
-		var ans *shmBlock
-		res.Shm, ans, res.ShmErr = r.takeShm()
-		if ans != nil {
-			rep.PrivateData = appendShm(rep.PrivateData, ans)
-		}
+		res.Shm, ans.shm, res.ShmErr = r.takeShm()
 	}
+	rep := wire.MPAFrame{Reply: true, CRC: res.CRC, Revision: f.Revision, PrivateData: ans.appendTo(o.PrivateData)}
 	if f.Enhanced && f.Revision == 2 {
 		// siw's relaxed rule: our ORD is capped by the initiator's IRD, and
 		// our IRD lifted to its ORD, unless we take no Reads at all: then

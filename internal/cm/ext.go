@@ -18,12 +18,9 @@ const extBlockLen = 8
 
 var extMagic = [4]byte{'g', 'w', 'X', '1'}
 
-// appendExt appends the offer block to pd (a copy: the caller's slice is
-// not written).
+// appendExt appends the offer block to pd (see blocks.go).
 func appendExt(pd []byte) []byte {
-	b := make([]byte, 0, len(pd)+extBlockLen)
-	b = append(append(b, pd...), extMagic[:]...)
-	return append(b, 0, 0, 0, 0)
+	return append(append(pd, extMagic[:]...), 0, 0, 0, 0)
 }
 
 // cutExt reports whether pd ends with an offer block and returns pd

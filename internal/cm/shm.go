@@ -62,12 +62,9 @@ type shmBlock struct {
 	Name  string
 }
 
-// appendShm appends the block b to pd (a copy: the caller's slice is not
-// written).
+// appendShm appends the block b to pd (see blocks.go).
 func appendShm(pd []byte, b *shmBlock) []byte {
-	out := make([]byte, 0, len(pd)+shmBlockLen)
-	out = append(out, pd...)
-	out = append(out, shmVersion, 0, byte(len(b.Name)), 0)
+	out := append(pd, shmVersion, 0, byte(len(b.Name)), 0)
 	out = binary.BigEndian.AppendUint32(out, b.Ring)
 	out = append(out, b.Token[:]...)
 	var name [shmNameMax]byte
@@ -265,16 +262,17 @@ func offerShm(c net.Conn, o *Options) (*shmOffer, error) {
 
 // answerShm takes the responder's answer to offer from the end of its
 // private data pd. Only an answer whose token is in the file counts
-// (the responder mapped it); anything else leaves pd as it came and the
-// offer untaken, with the reason.
+// (the responder mapped it); anything else leaves pd as it came (a
+// foreign peer's bytes, for its application) and the offer untaken,
+// with the reason.
 func answerShm(pd []byte, offer *shmOffer) ([]byte, *SharedMemory, error) {
-	rest, b, present, err := cutShm(pd)
+	rest, got, _ := cutBlocks(pd, false, false, true) // no tenant: no error
 	switch {
-	case !present:
+	case got.shm == nil:
 		return pd, nil, errShmDeclined
-	case err != nil:
-		return pd, nil, err
-	case !offer.taken(&b):
+	case got.shmErr != nil:
+		return pd, nil, got.shmErr
+	case !offer.taken(got.shm):
 		return pd, nil, fmt.Errorf("%w: the answer's token is not in the offered file", ErrShmOffer)
 	}
 	return rest, offer.m, nil

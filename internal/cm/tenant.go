@@ -52,13 +52,10 @@ func tenantBlockLen(tenant string) int {
 	return len(tenant) + 1 + len(tenantMagic)
 }
 
-// appendTenant appends the block naming tenant to pd (a copy: the
-// caller's slice is not written).
+// appendTenant appends the block naming tenant to pd (see blocks.go).
 func appendTenant(pd []byte, tenant string) []byte {
-	b := make([]byte, 0, len(pd)+tenantBlockLen(tenant))
-	b = append(append(b, pd...), tenant...)
-	b = append(b, byte(len(tenant)))
-	return append(b, tenantMagic[:]...)
+	pd = append(append(pd, tenant...), byte(len(tenant)))
+	return append(pd, tenantMagic[:]...)
 }
 
 // CutTenant returns pd without the tenant block it ends with, and the
