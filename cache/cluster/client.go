@@ -438,6 +438,100 @@ func (c *Client) Repair(ctx context.Context, ids ...string) (RepairStats, error)
 	return st, errors.Join(errs...)
 }
 
+// ReconcileStats say what a Reconcile did.
+type ReconcileStats struct {
+	Keys       int // keys the server holds
+	Refreshed  int // replaced by the copy another member holds
+	Dropped    int // deleted: every member that could hold the key said it has none
+	Unverified int // kept: some member that could hold it did not answer
+}
+
+// Reconcile brings the keys of server self (which is about to join, or to
+// join again after its lease was lost) in line with the members that
+// stayed, before it serves them: while it was away its keys may have been
+// put again or deleted, and a stale copy on a key's first owner would be
+// what every Get returns. For each of its keys it asks the other members
+// that could hold it (the key's owners without self, and the next in its
+// ranking): the first copy found replaces self's; a key that all of them
+// answer they do not have is deleted (a key deleted while self was away
+// must not come back; a cache miss is always correct); a key that one of
+// them could not be asked about is kept. With no other member, everything
+// is kept: self is the first back. Values carry no versions, so the
+// members that stayed are taken to be right: a cluster whose servers all
+// restart keeps whatever the first one back holds.
+func (c *Client) Reconcile(ctx context.Context, self Member) (ReconcileStats, error) {
+	var st ReconcileStats
+	r := c.w.Ring()
+	var others []Member
+	for _, m := range r.Members() {
+		if m.ID != self.ID {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return st, nil
+	}
+	without := NewRing(others, r.Replicas())
+	var keys []string
+	if err := c.call(ctx, self, func(ctx context.Context, cl *cache.Client) (err error) {
+		keys, err = cl.List(ctx, "", 0)
+		return err
+	}); err != nil {
+		return st, err
+	}
+	var errs []error
+	var cands []Member
+	failed := map[string]bool{} // members that did not answer: not asked again, each would cost a CallTimeout
+	for _, key := range keys {
+		st.Keys++
+		cands = without.Ranked(cands[:0], key, without.Replicas()+1)
+		var v []byte
+		found, answered := false, 0
+		for _, o := range cands {
+			if failed[o.ID] {
+				continue
+			}
+			err := c.call(ctx, o, func(ctx context.Context, cl *cache.Client) (err error) {
+				v, err = cl.Get(ctx, key)
+				return err
+			})
+			switch {
+			case err == nil:
+				found = true
+			case errors.Is(err, cache.ErrNotFound):
+				answered++
+				continue
+			case ctx.Err() != nil:
+				return st, ctx.Err()
+			default:
+				failed[o.ID] = true
+				continue
+			}
+			break
+		}
+		var err error
+		switch {
+		case found:
+			err = c.call(ctx, self, func(ctx context.Context, cl *cache.Client) error { return cl.Put(ctx, key, v, cache.PutOptions{}) })
+			if err == nil {
+				st.Refreshed++
+			}
+		case answered == len(cands):
+			err = c.call(ctx, self, func(ctx context.Context, cl *cache.Client) error { return cl.Delete(ctx, key) })
+			if err == nil || errors.Is(err, cache.ErrNotFound) {
+				err = nil
+				st.Dropped++
+			}
+		default:
+			st.Unverified++
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reconcile %q: %w", key, err))
+		}
+	}
+	return st, errors.Join(errs...)
+}
+
 func membersOf(ids []string) []Member {
 	ms := make([]Member, len(ids))
 	for i, id := range ids {

@@ -29,11 +29,21 @@ type server struct {
 	reg    *cluster.Registration
 	stop   func()
 	direct *cache.Client // see onServer
+
+	mu         sync.Mutex
+	reconciled cluster.ReconcileStats // what its last Reconcile did
 }
 
 func startServer(t *testing.T, ep, id string) *server {
 	t.Helper()
-	srv, err := cache.NewServer(cache.ServerOptions{Dir: t.TempDir(), Logger: quiet, Device: gowarp.Open(gowarp.WithLogger(quiet)),
+	return startServerIn(t, ep, id, t.TempDir())
+}
+
+// startServerIn starts server id on the data in dir (a restart, where dir
+// held an earlier server's).
+func startServerIn(t *testing.T, ep, id, dir string) *server {
+	t.Helper()
+	srv, err := cache.NewServer(cache.ServerOptions{Dir: dir, Logger: quiet, Device: gowarp.Open(gowarp.WithLogger(quiet)),
 		BlockSize: 1 << 20, Budget: 16 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -57,14 +67,23 @@ func startServer(t *testing.T, ep, id string) *server {
 		})
 	}
 	t.Cleanup(s.stop)
-	s.reg, err = cluster.Join(ctxT(t), s.etcd, "t", cluster.Member{ID: id, Addr: s.addr},
-		cluster.JoinOptions{TTL: time.Second, Replicas: 2, Logger: quiet})
+	// As gowarp cache serve -etcd does: reconcile its keys with the
+	// members that stayed before it joins, and repair them after each
+	// change of the map.
+	cc := newClient(t, ep)
+	self := cluster.Member{ID: id, Addr: s.addr}
+	prepare := func(ctx context.Context) error {
+		st, err := cc.Reconcile(ctx, self)
+		s.mu.Lock()
+		s.reconciled = st
+		s.mu.Unlock()
+		return err
+	}
+	s.reg, err = cluster.Join(ctxT(t), s.etcd, "t", self,
+		cluster.JoinOptions{TTL: time.Second, Replicas: 2, Prepare: prepare, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As gowarp cache serve -etcd does: repair its own keys after each
-	// change of the map.
-	cc := newClient(t, ep)
 	go cc.RepairOnChange(ctx, id, 100*time.Millisecond)
 	return s
 }
@@ -310,5 +329,80 @@ func TestClusterBadMembers(t *testing.T) {
 	waitRing(t, c.Membership(), []string{}...)
 	if _, err := c.Get(ctx, "key-1"); !errors.Is(err, cluster.ErrNoMembers) {
 		t.Errorf("get with no members: %v, want ErrNoMembers", err)
+	}
+}
+
+// TestClusterRejoinStale: a server that was away comes back with the keys
+// it had. While it was away one of them was put again and another
+// deleted; both have it as their first owner, so its copies are the ones
+// every Get would return. It reconciles before it joins: the Get returns
+// the new value, the deleted key stays deleted, and a key nobody changed
+// is served as it was.
+func TestClusterRejoinStale(t *testing.T) {
+	const n = 60
+	ep, servers, c := startCluster(t, n)
+	ctx := ctxT(t)
+	a := servers[0]
+	ring := c.Ring()
+	var firstOnA []string
+	for i := range n {
+		key := fmt.Sprintf("key-%d", i)
+		if ring.Owners(nil, key)[0].ID == "a" {
+			firstOnA = append(firstOnA, key)
+		}
+	}
+	if len(firstOnA) < 3 {
+		t.Fatalf("only %d of %d keys have a as first owner", len(firstOnA), n)
+	}
+	changed, deleted, kept := firstOnA[0], firstOnA[1], firstOnA[2]
+	// Every key on its owners first (the joins' repairs may still run).
+	waitOn(t, servers, changed, "a")
+	waitOn(t, servers, deleted, "a")
+
+	dir := a.srv.Dir()
+	a.kill()
+	waitRing(t, c.Membership(), "b", "c")
+	newer := []byte("put while a was away")
+	if err := c.Put(ctx, changed, newer, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, deleted); err != nil {
+		t.Fatal(err)
+	}
+
+	back := startServerIn(t, ep, "a", dir)
+	waitRing(t, c.Membership(), "a", "b", "c")
+	back.mu.Lock()
+	st := back.reconciled
+	back.mu.Unlock()
+	if st.Keys == 0 || st.Refreshed == 0 || st.Dropped == 0 {
+		t.Errorf("reconcile on rejoin: %+v; want keys refreshed and dropped", st)
+	}
+	if got, err := c.Get(ctx, changed); err != nil || !bytes.Equal(got, newer) {
+		t.Errorf("get %s after a's return: %.40q, %v; want %q", changed, got, err, newer)
+	}
+	if got, err := c.Get(ctx, deleted); !errors.Is(err, cache.ErrNotFound) {
+		t.Errorf("get %s, deleted while a was away: %d bytes, %v; want ErrNotFound", deleted, len(got), err)
+	}
+	var i int
+	fmt.Sscanf(kept, "key-%d", &i)
+	if got, err := c.Get(ctx, kept); err != nil || !bytes.Equal(got, val(i)) {
+		t.Errorf("get %s, unchanged: %d bytes, %v", kept, len(got), err)
+	}
+	servers[0] = back
+	if on := onServer(t, servers, deleted); len(on) != 0 {
+		t.Errorf("%s, deleted, is still on %v", deleted, on)
+	}
+}
+
+// waitOn waits until key is on server id.
+func waitOn(t *testing.T, servers []*server, key, id string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !slices.Contains(onServer(t, servers, key), id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never reached %s", key, id)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

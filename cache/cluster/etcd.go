@@ -35,19 +35,27 @@ type JoinOptions struct {
 	// Replicas is R for a cluster that has no config yet (the first
 	// server writes it; later ones keep what is there). Default 2.
 	Replicas int
-	Logger   *slog.Logger
+	// Prepare, if set, runs before the record is put in etcd: in Join,
+	// and again before each registration after a lost lease, when the
+	// others have taken this server out of the map and its keys may have
+	// changed without it. A server reconciles its keys here
+	// (Client.Reconcile). Its error fails Join; on a registration again
+	// it is logged, and the registration goes on.
+	Prepare func(ctx context.Context) error
+	Logger  *slog.Logger
 }
 
 // Registration is a server's membership: its record in etcd under a lease
 // that it keeps alive until Leave.
 type Registration struct {
-	cli    *clientv3.Client
-	key    string
-	rec    string
-	ttl    int64
-	log    *slog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
+	cli     *clientv3.Client
+	key     string
+	rec     string
+	ttl     int64
+	log     *slog.Logger
+	prepare func(context.Context) error
+	cancel  context.CancelFunc
+	done    chan struct{}
 
 	mu    sync.Mutex
 	lease clientv3.LeaseID
@@ -85,7 +93,12 @@ func Join(ctx context.Context, cli *clientv3.Client, name string, m Member, o Jo
 		return nil, fmt.Errorf("cluster: write config: %w", err)
 	}
 	r := &Registration{cli: cli, key: membersPrefix(name) + m.ID, rec: string(rec),
-		ttl: max(1, int64((o.TTL+time.Second-1)/time.Second)), log: o.Logger, done: make(chan struct{})}
+		ttl: max(1, int64((o.TTL+time.Second-1)/time.Second)), log: o.Logger, prepare: o.Prepare, done: make(chan struct{})}
+	if r.prepare != nil {
+		if err := r.prepare(ctx); err != nil {
+			return nil, fmt.Errorf("cluster: prepare to join: %w", err)
+		}
+	}
 	if err := r.register(ctx, m); err != nil {
 		return nil, err
 	}
@@ -157,6 +170,11 @@ func (r *Registration) keepAlive(ctx context.Context, m Member) {
 			return
 		}
 		r.log.Warn("cluster: lease lost; registering again", "key", r.key, "err", err)
+		if r.prepare != nil {
+			if err := r.prepare(ctx); err != nil {
+				r.log.Warn("cluster: prepare to register again", "key", r.key, "err", err)
+			}
+		}
 		taken := false
 		if !retry(ctx, &backoff, func() bool {
 			err := r.register(ctx, m)

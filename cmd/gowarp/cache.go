@@ -197,10 +197,15 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 		httpDone = make(chan error, 1)
 		go func() { httpDone <- mon.Serve(ctx, hln) }()
 	}
+	// Serve before joining: the join reconciles this server's keys
+	// through its own listener.
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- srv.Serve(ctx, ln) }()
 	if sf.on() {
 		leave, err := joinCluster(ctx, sf, ln.Addr().String(), httpListen, log)
 		if err != nil {
 			cancel()
+			<-serveDone
 			if httpDone != nil {
 				<-httpDone
 			}
@@ -212,7 +217,7 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 	}
 	st := srv.Stats()
 	log.Info("cache: serving", "addr", ln.Addr().String(), "dir", srv.Dir(), "keys", st.Keys, "blocks", st.Blocks, "resident", st.Resident)
-	err = srv.Serve(ctx, ln)
+	err = <-serveDone
 	cancel()
 	if httpDone != nil {
 		if herr := <-httpDone; err == nil {

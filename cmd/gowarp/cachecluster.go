@@ -75,16 +75,26 @@ func joinCluster(ctx context.Context, f serveFlags, addr, httpAddr string, log *
 	}
 	jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	reg, err := cluster.Join(jctx, cli, *f.name, cluster.Member{ID: *f.id, Addr: addr, HTTP: httpAddr},
-		cluster.JoinOptions{TTL: *f.ttl, Replicas: *f.replicas, Logger: log})
+	cc, err := cluster.NewClient(jctx, cli, *f.name, cluster.ClientOptions{Logger: log,
+		Cache: cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(log)), Logger: log}})
 	if err != nil {
 		cli.Close()
 		return nil, err
 	}
-	cc, err := cluster.NewClient(jctx, cli, *f.name, cluster.ClientOptions{Logger: log,
-		Cache: cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(log)), Logger: log}})
+	self := cluster.Member{ID: *f.id, Addr: addr, HTTP: httpAddr}
+	// Before it is in the map (again), the server brings its keys in line
+	// with the members that stayed: a restarted server's copies may be
+	// stale.
+	prepare := func(ctx context.Context) error {
+		st, err := cc.Reconcile(ctx, self)
+		log.Info("cache: reconciled with the cluster", "keys", st.Keys, "refreshed", st.Refreshed,
+			"dropped", st.Dropped, "unverified", st.Unverified, "err", err)
+		return nil // what could not be checked is kept; the join goes on
+	}
+	reg, err := cluster.Join(jctx, cli, *f.name, self,
+		cluster.JoinOptions{TTL: *f.ttl, Replicas: *f.replicas, Prepare: prepare, Logger: log})
 	if err != nil {
-		reg.Leave(context.Background())
+		cc.Close()
 		cli.Close()
 		return nil, err
 	}
