@@ -308,3 +308,8 @@ func BenchmarkTCPLat(b *testing.B) {
 		io.ReadFull(c, buf)
 	}
 }
+
+// BenchmarkWriteLat is perftest's ib_write_lat over TCP loopback: an 8-byte
+// Write each way, each side receiving in its own goroutine (QP.Progress);
+// ns/op is one round trip. Compare BenchmarkTCPLat.
+func BenchmarkWriteLat(b *testing.B) { benchWriteLat(b, gowarp.ConnectOptions{}) }
