@@ -239,29 +239,44 @@ func (c *Client) ordered(key string, extra int) ([]Member, int, error) {
 	return append(up, down...), min(r.Replicas(), len(ms)), nil
 }
 
-// Put stores value under key on every owner of key that answers; it
-// fails only if none does, or with the servers' answer (a value too
-// large, say).
+// Put stores value under key on every owner of key that answers, on all
+// of them at once; it fails only if none does, or with the servers'
+// answer (a value too large, say).
 func (c *Client) Put(ctx context.Context, key string, value []byte, o cache.PutOptions) error {
 	ms, r, err := c.ordered(key, 0)
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var errs [MaxReplicas]error
+	put := func(i int) {
+		errs[i] = c.call(ctx, ms[i], func(ctx context.Context, cl *cache.Client) error { return cl.Put(ctx, key, value, o) })
+	}
+	// The owners after the first in goroutines of their own, the first in
+	// this one: a put costs one round trip, not R.
+	var wg sync.WaitGroup
+	for i := 1; i < r; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); put(i) }()
+	}
+	put(0)
+	wg.Wait()
 	stored := 0
-	for _, m := range ms[:r] {
-		err := c.call(ctx, m, func(ctx context.Context, cl *cache.Client) error { return cl.Put(ctx, key, value, o) })
-		if err == nil {
+	var failed []error
+	for _, err := range errs[:r] {
+		switch {
+		case err == nil:
 			stored++
-			continue
-		}
-		if definitive(err) || ctx.Err() != nil {
+		case definitive(err):
 			return err
+		default:
+			failed = append(failed, err)
 		}
-		errs = append(errs, err)
+	}
+	if err := ctx.Err(); err != nil && stored < r {
+		return err
 	}
 	if stored == 0 {
-		return fmt.Errorf("%w: put %q: %w", ErrUnavailable, key, errors.Join(errs...))
+		return fmt.Errorf("%w: put %q: %w", ErrUnavailable, key, errors.Join(failed...))
 	}
 	return nil
 }
