@@ -91,15 +91,31 @@ func (r *rxState) placeGuarded() (err error) {
 // readFile checks, for a Read from a file region, that the file still
 // holds the range (a Read Response from pages past the file's end would
 // fault), and asks for the pages at once when the key is read-through.
-func readFile(region *mem.Region, rr *wire.ReadRequest) error {
+// The file's size is taken once per read from the socket (chk): the
+// Reads of one batch (a GET's data and header, a window of requests)
+// share one fstat. That widens nothing: a truncation after the check is
+// possible either way, and the transmit path survives it (crcGuarded,
+// the socket's EFAULT).
+func readFile(region *mem.Region, rr *wire.ReadRequest, chk *fileCheck) error {
 	off := rr.SourceTO - region.Addr()
-	if !region.CheckFile(off, uint64(rr.Size)) {
+	if chk.region != region {
+		chk.region = region
+		chk.room, _ = region.FileRoom()
+	}
+	if n := uint64(rr.Size); chk.room < off || chk.room-off < n {
 		return newFault(wire.ErrRDMAPBaseBounds, "Read of %d bytes from STag %#08x TO %#x: past the end of the region's file, truncated since registration", rr.Size, rr.SourceSTag, rr.SourceTO)
 	}
 	if sem, _ := region.Semantics(mem.STag(rr.SourceSTag).Key()); sem == mem.ReadThrough {
 		region.Prefetch(off, uint64(rr.Size))
 	}
 	return nil
+}
+
+// fileCheck is the size of the file behind the last file region a Read
+// came from, in the read from the socket under way (see readFile).
+type fileCheck struct {
+	region *mem.Region
+	room   uint64
 }
 
 // flushRequest checks a flush: the region (any of its keys), this

@@ -95,6 +95,10 @@ type rxState struct {
 	// guard: a region held is a file's mapping, so placement copies with
 	// faults recovered (placeGuarded) and never reads into it directly.
 	guard bool
+	// fileChk is the file size Reads of this batch were checked against
+	// (readFile); advance clears it when bytes come from a new read of
+	// the socket, not when it goes on with bytes staged (advance(0)).
+	fileChk fileCheck
 
 	// Storage semantics (memsem.go): durable says the Write under way
 	// goes through a Durable key; sync is the range placed through one
@@ -249,7 +253,11 @@ func (r *rxState) advance(n int) error {
 	if r.phase == rxDead {
 		return r.err
 	}
-	if err := r.run(); err != nil {
+	if n > 0 {
+		r.fileChk = fileCheck{} // new bytes from the socket: stat again
+	}
+	err := r.run()
+	if err != nil {
 		r.release()
 		r.phase, r.err = rxDead, err
 		return err
@@ -752,7 +760,7 @@ func (r *rxState) readRequest(h *wire.Header) (wire.ReadRequest, *mem.Region, er
 		return rr, nil, newFault(rdmapError(why), "Read of %d bytes from STag %#08x TO %#x", rr.Size, rr.SourceSTag, rr.SourceTO)
 	}
 	if region.File() {
-		if err := readFile(region, &rr); err != nil {
+		if err := readFile(region, &rr, &r.fileChk); err != nil {
 			region.Unhold()
 			return rr, nil, err
 		}

@@ -21,6 +21,7 @@ var ErrFileRange = errors.New("mem: range is not inside the file")
 // part of it.
 type fileMap struct {
 	f      *os.File // a duplicate of the caller's descriptor, for the size checks
+	fd     int      // f's descriptor, open until unmap
 	off    int64    // the file offset of the region's first byte
 	mapped []byte
 	data   []byte
@@ -88,7 +89,7 @@ func mapFile(f *os.File, off, length int64) (*fileMap, error) {
 		dup.Close()
 		return nil, fmt.Errorf("mem: register file: mmap %s: %w", f.Name(), err)
 	}
-	return &fileMap{f: dup, off: off, mapped: mapped, data: mapped[skip : skip+length : skip+length]}, nil
+	return &fileMap{f: dup, fd: fd, off: off, mapped: mapped, data: mapped[skip : skip+length : skip+length]}, nil
 }
 
 // fileOrigin returns the name and offset of the file range a file region
@@ -148,9 +149,21 @@ func (r *Region) Prefetch(off, n uint64) {
 // and touching the pages past the file's end would raise SIGBUS. A memory
 // region always passes.
 func (r *Region) CheckFile(off, n uint64) bool {
+	room, ok := r.FileRoom()
+	return !ok || room >= off && room-off >= n
+}
+
+// FileRoom returns how many bytes of a file-backed region, from its
+// start, its file holds now (one fstat), and true; false for a memory
+// region. A caller checking several ranges at once (the receive path,
+// the Reads of one read from the socket) stats once for all.
+func (r *Region) FileRoom() (uint64, bool) {
 	if r.file == nil {
-		return true
+		return 0, false
 	}
-	st, err := r.file.f.Stat()
-	return err == nil && uint64(st.Size()) >= uint64(r.file.off)+off+n
+	var st unix.Stat_t // not f.Stat, which allocates
+	if err := unix.Fstat(r.file.fd, &st); err != nil || st.Size < r.file.off {
+		return 0, true
+	}
+	return uint64(st.Size - r.file.off), true
 }

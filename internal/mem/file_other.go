@@ -31,6 +31,9 @@ func (r *Region) Prefetch(off, n uint64) {}
 // CheckFile reports true: no region is file-backed here.
 func (r *Region) CheckFile(off, n uint64) bool { return true }
 
+// FileRoom reports false: no region is file-backed here.
+func (r *Region) FileRoom() (uint64, bool) { return 0, false }
+
 func mapFile(f *os.File, off, length int64) (*fileMap, error) { return nil, errors.ErrUnsupported }
 
 func (r *Region) fileOrigin() (string, int64) { return "", 0 }
