@@ -8,15 +8,17 @@ import (
 	"github.com/gowarp/gowarp/cache"
 )
 
-// BenchmarkGet4K and BenchmarkReadAt4K: 4 KiB values, 16 goroutines per
-// GOMAXPROCS, by the control path and one-sided; for profiles (the
-// comparison with memcached is `gowarp cache bench`).
-func BenchmarkGet4K(b *testing.B)    { bench4K(b, false) }
-func BenchmarkReadAt4K(b *testing.B) { bench4K(b, true) }
+// BenchmarkGet4K, BenchmarkGetIndex4K and BenchmarkReadAt4K: 4 KiB
+// values, 8 goroutines per GOMAXPROCS, by the control path, through the
+// client-readable index and one-sided through a kept address; for
+// profiles (the comparison with memcached is `gowarp cache bench`).
+func BenchmarkGet4K(b *testing.B)      { bench4K(b, false, cache.LookupControl) }
+func BenchmarkGetIndex4K(b *testing.B) { bench4K(b, false, cache.LookupIndex) }
+func BenchmarkReadAt4K(b *testing.B)   { bench4K(b, true, cache.LookupControl) }
 
-func bench4K(b *testing.B, oneSided bool) {
+func bench4K(b *testing.B, oneSided bool, lookup cache.LookupMode) {
 	addr, _, _ := startServer(b, cache.ServerOptions{})
-	c := dial(b, addr, cache.ClientOptions{Conns: 4})
+	c := dial(b, addr, cache.ClientOptions{Conns: 1, Lookup: lookup})
 	ctx := ctxT(b)
 	v := value(1, 4096)
 	for i := range 100 {

@@ -22,9 +22,30 @@ type ClientOptions struct {
 	Conns int
 	// Slots is how many calls may be outstanding on each connection
 	// (default 32, at most what the server grants).
-	Slots  int
+	Slots int
+	// Lookup is how the client finds a key's blocks: LookupDefault (the
+	// faster of the two on this machine's measurements, see the README),
+	// LookupControl or LookupIndex.
+	Lookup LookupMode
 	Logger *slog.Logger
 }
+
+// LookupMode says how a client finds where a value lives.
+type LookupMode uint8
+
+const (
+	// LookupDefault is LookupControl: on the measurements of the README,
+	// reading the index is not faster than asking the server.
+	LookupDefault LookupMode = iota
+	// LookupControl asks the server over the control path (a Send and its
+	// reply).
+	LookupControl
+	// LookupIndex reads the server's client-readable index with one RDMA
+	// Read, as Pilaf and FaRM do, and asks the server only when the index
+	// does not have the key (or the server serves none). A small Get then
+	// takes two Reads, the bucket and the value, and no Send.
+	LookupIndex
+)
 
 // PutOptions tune a put.
 type PutOptions struct {
@@ -84,6 +105,9 @@ func Dial(ctx context.Context, addr string, o ClientOptions) (*Client, error) {
 	}
 	if o.Slots <= 0 {
 		o.Slots = DefaultSlots
+	}
+	if o.Lookup == LookupDefault {
+		o.Lookup = LookupControl
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -234,22 +258,49 @@ func (c *Client) GetInto(ctx context.Context, key string, dst []byte, o GetOptio
 		return nil, err
 	}
 	var out []byte
-	err := c.retry(ctx, key, func(cc *cliConn) error {
-		r, err := cc.call(ctx, &Msg{Op: OpGet, Key: []byte(key)}, func(r *Msg) {
-			if r.Flags&FlagInline != 0 {
-				out = append(dst[:0], r.Value...)
-			}
-		})
+	noIndex := false // an entry of the index failed: the control path answers
+	err := c.retry(ctx, key, func(cc *cliConn) (err error) {
+		s, err := cc.acquire(ctx)
 		if err != nil {
 			return err
 		}
-		if r.Flags&FlagInline != 0 {
-			return nil
+		defer cc.done(s)
+		var e *Entry
+		if cc.useIndex() && !noIndex {
+			if e, err = cc.indexLookup(ctx, s, key); err != nil {
+				return err
+			}
+			if e != nil {
+				defer func() { noIndex = err != nil }()
+			}
 		}
-		e := entryOf(key, r)
-		c.remember(e)
+		if e == nil {
+			r, err := cc.callIn(ctx, s, &Msg{Op: OpGet, Key: []byte(key)}, func(r *Msg) {
+				if r.Flags&FlagInline != 0 {
+					out = append(dst[:0], r.Value...)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if r.Flags&FlagInline != 0 {
+				return nil
+			}
+			e = entryOf(key, r)
+			e.Addrs = append([]Addr(nil), e.Addrs...) // the slot's own is reused
+			c.remember(e)
+		}
 		if e.Size > c.MaxValue() && c.MaxValue() > 0 {
 			return fmt.Errorf("%w: the server says %d bytes", ErrMalformed, e.Size)
+		}
+		if e.Size <= InlineMax {
+			// Small: into the slot's registered bounce buffer, then a copy.
+			off := s.i * InlineMax
+			n, err := cc.readIn(ctx, s, e, cc.bounceMR, off, int(e.Size), 0, o.Progress)
+			if err == nil || err == io.EOF {
+				out, err = append(dst[:0], cc.bounceMR.Bytes()[off:off+n]...), nil
+			}
+			return err
 		}
 		if int64(cap(dst)) >= e.Size {
 			out = dst[:e.Size]
@@ -261,31 +312,99 @@ func (c *Client) GetInto(ctx context.Context, key string, dst []byte, o GetOptio
 			return fmt.Errorf("cache: get: %w", err)
 		}
 		defer mr.Deregister()
-		_, err = cc.read(ctx, e, mr, 0, int(e.Size), 0, o.Progress)
+		_, err = cc.readIn(ctx, s, e, mr, 0, int(e.Size), 0, o.Progress)
+		if err == io.EOF {
+			err = nil
+		}
 		return err
 	})
 	return out, err
 }
 
-// Lookup returns where the value of key lives, paging its blocks in.
+// Lookup returns where the value of key lives: through the control path,
+// which pages its blocks in, or the index when the client reads it
+// (LookupIndex), which does not (a Read of a paged-out block faults its
+// pages in from the block's file).
 func (c *Client) Lookup(ctx context.Context, key string) (*Entry, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
 	var e *Entry
 	err := c.retry(ctx, key, func(cc *cliConn) error {
-		r, err := cc.call(ctx, &Msg{Op: OpLookup, Key: []byte(key)}, nil)
+		s, err := cc.acquire(ctx)
 		if err != nil {
 			return err
 		}
-		e = entryOf(key, r)
-		return nil
+		defer cc.done(s)
+		e, err = cc.lookupIn(ctx, s, key, true)
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	c.remember(e)
 	return e, nil
+}
+
+// lookupIn finds key's entry in slot s: in the index if the client reads
+// it (and index is true) and it has the key, else through the control
+// path. The entry is
+// remembered for ReadAt.
+func (cc *cliConn) lookupIn(ctx context.Context, s *cslot, key string, index bool) (*Entry, error) {
+	if index && cc.useIndex() {
+		e, err := cc.indexLookup(ctx, s, key)
+		if err != nil || e != nil {
+			if e != nil {
+				cc.cl.remember(e)
+			}
+			return e, err
+		}
+	}
+	r, err := cc.callIn(ctx, s, &Msg{Op: OpLookup, Key: []byte(key)}, nil)
+	if err != nil {
+		return nil, err
+	}
+	e := entryOf(key, r)
+	e.Addrs = append([]Addr(nil), e.Addrs...) // the slot's own is reused
+	cc.cl.remember(e)
+	return e, nil
+}
+
+func (cc *cliConn) useIndex() bool { return cc.cl.o.Lookup == LookupIndex && cc.srv.IdxVersion != 0 }
+
+// idxTries bounds the Reads of a neighbourhood that keeps reading torn
+// (the server rewriting it): then the control path answers.
+const idxTries = 3
+
+// indexLookup reads key's neighbourhood of the server's index into the
+// slot's header area and returns the key's entry, or nil when the index
+// does not have it (the caller asks the control path).
+func (cc *cliConn) indexLookup(ctx context.Context, s *cslot, key string) (*Entry, error) {
+	if len(key) > idxKeyMax {
+		return nil, nil
+	}
+	home := idxHome([]byte(key), int(cc.srv.IdxBuckets))
+	const n = idxProbe * idxBucketLen
+	s.wrs = append(s.wrs[:0], gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
+		RemoteAddr: cc.srv.IdxAddr + uint64(home)*idxBucketLen, RKey: cc.srv.IdxSTag})
+	s.sges = append(s.sges[:0], gowarp.SGE{MR: cc.hdrMR, Offset: s.hdrOff, Length: n})
+	s.wrs[0].SGL = s.sges[:1]
+	for range idxTries {
+		if err := cc.qp.PostSend(&s.wrs[0]); err != nil {
+			cc.fail(err)
+			return nil, cc.lostErr()
+		}
+		if err := cc.wait(ctx, s, 1, true); err != nil {
+			return nil, err
+		}
+		x, found, torn := findBucket(cc.hdrMR.Bytes()[s.hdrOff:s.hdrOff+n], []byte(key))
+		if found {
+			return &Entry{Key: key, Gen: x.gen, Size: int64(x.size), Addrs: []Addr{x.addr}}, nil
+		}
+		if !torn {
+			break
+		}
+	}
+	return nil, nil
 }
 
 // entryOf makes an entry of a reply call returned (its Addrs are the
@@ -306,18 +425,24 @@ func (c *Client) ReadAt(ctx context.Context, key string, dst *gowarp.MR, dstOff,
 		return 0, err
 	}
 	var got int
-	err := c.retry(ctx, key, func(cc *cliConn) error {
+	noIndex := false // an entry of the index failed: the control path answers
+	err := c.retry(ctx, key, func(cc *cliConn) (err error) {
+		s, err := cc.acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer cc.done(s)
 		e := c.entry(key)
 		if e == nil {
-			r, err := cc.call(ctx, &Msg{Op: OpLookup, Key: []byte(key)}, nil)
-			if err != nil {
+			fromIndex := cc.useIndex() && !noIndex
+			if e, err = cc.lookupIn(ctx, s, key, !noIndex); err != nil {
 				return err
 			}
-			e = entryOf(key, r)
-			c.remember(e)
+			if fromIndex {
+				defer func() { noIndex = err != nil }()
+			}
 		}
-		var err error
-		got, err = cc.read(ctx, e, dst, dstOff, n, off, nil)
+		got, err = cc.readIn(ctx, s, e, dst, dstOff, n, off, nil)
 		return err
 	})
 	return got, err
@@ -435,11 +560,14 @@ type cliConn struct {
 	sendMR *gowarp.MR
 	recvMR *gowarp.MR
 	hdrMR  *gowarp.MR
-	recvs  []gowarp.RecvWR
-	slots  []cslot
-	free   chan int
-	msg    int
-	srv    hello
+	// bounceMR has InlineMax bytes per slot: small values read one-sided
+	// for Get land there and are copied out.
+	bounceMR *gowarp.MR
+	recvs    []gowarp.RecvWR
+	slots    []cslot
+	free     chan int
+	msg      int
+	srv      hello
 
 	dead    chan struct{}
 	stopped chan struct{}
@@ -516,6 +644,10 @@ func (c *Client) dial(ctx context.Context) (*cliConn, error) {
 		qp.Close()
 		return nil, fmt.Errorf("cache: dial: %w", err)
 	}
+	if cc.bounceMR, err = c.pd.Register(make([]byte, n*InlineMax), gowarp.LocalWrite); err != nil {
+		qp.Close()
+		return nil, fmt.Errorf("cache: dial: %w", err)
+	}
 	cc.slots = make([]cslot, n)
 	cc.free = make(chan int, n)
 	for i := range cc.slots {
@@ -569,6 +701,7 @@ func (cc *cliConn) poll() {
 		cc.recvMR.Deregister()
 		cc.sendMR.Deregister()
 		cc.hdrMR.Deregister()
+		cc.bounceMR.Deregister()
 	}()
 	var wc [64]gowarp.Completion
 	var m Msg
@@ -654,6 +787,14 @@ func (cc *cliConn) acquire(ctx context.Context) (*cslot, error) {
 }
 
 func (cc *cliConn) release(s *cslot) { s.onReply = nil; cc.free <- s.i }
+
+// done releases s after a call that took it with acquire, unless its
+// caller gave it up (the reply frees it) or the connection failed.
+func (cc *cliConn) done(s *cslot) {
+	if !s.gaveUp && !cc.failed() {
+		cc.release(s)
+	}
+}
 
 // wait waits for k events of slot s. If ctx ends first and one-sided work
 // is outstanding (rdma), the connection is failed: only a closed queue
@@ -750,6 +891,16 @@ func (cc *cliConn) callIn(ctx context.Context, s *cslot, m *Msg, onReply func(*M
 // block changes its key first, so the header Read fails; a rewritten
 // piece has another generation or CRC).
 func (cc *cliConn) read(ctx context.Context, e *Entry, dst *gowarp.MR, dstOff, n int, off int64, progress func(done, total int64)) (int, error) {
+	s, err := cc.acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cc.done(s)
+	return cc.readIn(ctx, s, e, dst, dstOff, n, off, progress)
+}
+
+// readIn is read in slot s, which the caller holds.
+func (cc *cliConn) readIn(ctx context.Context, s *cslot, e *Entry, dst *gowarp.MR, dstOff, n int, off int64, progress func(done, total int64)) (int, error) {
 	if off < 0 || n < 0 || dstOff < 0 || dstOff > dst.Len() || n > dst.Len()-dstOff {
 		return 0, fmt.Errorf("%w: %d bytes at %d of a buffer of %d", ErrBadRequest, n, dstOff, dst.Len())
 	}
@@ -760,15 +911,6 @@ func (cc *cliConn) read(ctx context.Context, e *Entry, dst *gowarp.MR, dstOff, n
 	if int64(n) > e.Size-off {
 		n, eof = int(e.Size-off), io.EOF
 	}
-	s, err := cc.acquire(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		if !cc.failed() {
-			cc.release(s)
-		}
-	}()
 	type check struct {
 		piece    int
 		whole    bool

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -32,6 +33,10 @@ type ServerOptions struct {
 	// Slots is how many requests a client connection may have
 	// outstanding (default 32).
 	Slots int
+	// IndexBuckets is the size of the client-readable index (a power of
+	// two; default DefaultIndexBuckets, 128 bytes each); -1 serves no
+	// index, and clients look every key up through the control path.
+	IndexBuckets int
 	// Device is the RDMA device to use (default a new one).
 	Device *gowarp.Device
 	Logger *slog.Logger
@@ -93,6 +98,9 @@ func (o ServerOptions) withDefaults() (ServerOptions, error) {
 	if o.Slots == 0 {
 		o.Slots = DefaultSlots
 	}
+	if o.IndexBuckets == 0 {
+		o.IndexBuckets = DefaultIndexBuckets
+	}
 
 	if o.Device == nil {
 		o.Device = gowarp.Open()
@@ -128,7 +136,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 		return nil, err
 	}
 	pd := o.Device.AllocPD()
-	st, err := openStore(o.Dir, o.BlockSize, o.Budget, o.MaxValue, pd)
+	st, err := openStore(o.Dir, o.BlockSize, o.Budget, o.MaxValue, o.IndexBuckets, pd)
 	if err != nil {
 		return nil, err
 	}
@@ -242,23 +250,41 @@ func (s *Server) Close() error {
 }
 
 // hello is the private data of connection setup: the client's offer, the
-// server's answer.
+// server's answer. The server's answer may go on with where its
+// client-readable index is (a server without one, or of before it, stops
+// at helloLen).
 type hello struct {
 	Version   uint8
 	Slots     uint16
 	MaxMsg    uint32
 	BlockSize uint64
 	MaxValue  uint64
+	// The index: its layout version (0: none), STag, tagged offset of its
+	// first bucket, and buckets (without the idxProbe-1 past the end).
+	IdxVersion uint8
+	IdxSTag    uint32
+	IdxAddr    uint64
+	IdxBuckets uint32
 }
 
-const helloLen = 1 + 2 + 4 + 8 + 8
+const (
+	helloLen    = 1 + 2 + 4 + 8 + 8
+	helloIdxLen = helloLen + 1 + 4 + 8 + 4
+)
 
 func (h hello) append(b []byte) []byte {
 	b = append(b, h.Version)
 	b = binary.BigEndian.AppendUint16(b, h.Slots)
 	b = binary.BigEndian.AppendUint32(b, h.MaxMsg)
 	b = binary.BigEndian.AppendUint64(b, h.BlockSize)
-	return binary.BigEndian.AppendUint64(b, h.MaxValue)
+	b = binary.BigEndian.AppendUint64(b, h.MaxValue)
+	if h.IdxVersion == 0 {
+		return b
+	}
+	b = append(b, h.IdxVersion)
+	b = binary.BigEndian.AppendUint32(b, h.IdxSTag)
+	b = binary.BigEndian.AppendUint64(b, h.IdxAddr)
+	return binary.BigEndian.AppendUint32(b, h.IdxBuckets)
 }
 
 func parseHello(b []byte) (hello, error) {
@@ -272,6 +298,15 @@ func parseHello(b []byte) (hello, error) {
 	}
 	if h.Slots == 0 || h.MaxMsg < minMsgLen {
 		return h, fmt.Errorf("%w: hello with %d slots of %d bytes", ErrMalformed, h.Slots, h.MaxMsg)
+	}
+	if len(b) >= helloIdxLen {
+		h.IdxVersion, h.IdxSTag = b[helloLen], binary.BigEndian.Uint32(b[helloLen+1:])
+		h.IdxAddr, h.IdxBuckets = binary.BigEndian.Uint64(b[helloLen+5:]), binary.BigEndian.Uint32(b[helloLen+13:])
+		n := h.IdxBuckets
+		if h.IdxVersion != idxVersion || n == 0 || n&(n-1) != 0 || n > 1<<24 ||
+			h.IdxAddr > math.MaxUint64-uint64(n+idxProbe)*idxBucketLen {
+			h.IdxVersion = 0 // an index this client cannot read: the control path serves
+		}
 	}
 	return h, nil
 }
@@ -344,6 +379,9 @@ func (s *Server) accept(ctx context.Context, req *gowarp.ConnRequest) error {
 		return errors.Join(err, req.Reject(nil))
 	}
 	reply := hello{Version: Version, Slots: uint16(n), MaxMsg: uint32(msg), BlockSize: uint64(s.o.BlockSize), MaxValue: uint64(s.o.MaxValue)}
+	if x := s.st.idx; x != nil {
+		reply.IdxVersion, reply.IdxSTag, reply.IdxAddr, reply.IdxBuckets = idxVersion, uint32(x.mr.STag()), x.mr.Addr(), uint32(x.n)
+	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := req.Accept(actx, c.qp, gowarp.ConnectOptions{PrivateData: reply.append(nil), IRD: 128, ORD: 1}); err != nil {

@@ -174,6 +174,7 @@ type store struct {
 	db       *bolt.DB
 
 	mu       sync.Mutex
+	idx      *index // the client-readable index, nil if not served
 	vals     map[string]*record
 	blocks   []*block
 	free     []*block
@@ -186,7 +187,7 @@ type store struct {
 	pageOuts uint64
 }
 
-func openStore(dir string, bs, budget, maxValue int64, pd *gowarp.PD) (*store, error) {
+func openStore(dir string, bs, budget, maxValue int64, idxBuckets int, pd *gowarp.PD) (*store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "blocks"), 0o700); err != nil {
 		return nil, fmt.Errorf("cache: data directory: %w", err)
 	}
@@ -203,6 +204,14 @@ func openStore(dir string, bs, budget, maxValue int64, pd *gowarp.PD) (*store, e
 	for _, b := range s.blocks {
 		if err == nil {
 			err = s.register(b)
+		}
+	}
+	if err == nil && idxBuckets > 0 {
+		s.idx, err = newIndex(pd, idxBuckets)
+		for k, r := range s.vals {
+			if err == nil {
+				s.index(k, r)
+			}
 		}
 	}
 	if err != nil {
@@ -308,6 +317,10 @@ func (s *store) close() error {
 			}
 			b.mr = nil
 		}
+	}
+	if s.idx != nil {
+		errs = append(errs, s.idx.close())
+		s.idx = nil
 	}
 	s.closeFiles()
 	errs = append(errs, s.db.Close())
@@ -589,10 +602,28 @@ func (s *store) replace(key string, r *record) {
 	}
 	if r == nil {
 		delete(s.vals, key)
+		if s.idx != nil {
+			s.idx.remove(key)
+		}
 		return
 	}
 	s.vals[key] = r
 	s.bytes += r.size
+	s.index(key, r)
+}
+
+// index puts key's entry in the client-readable index.
+func (s *store) index(key string, r *record) {
+	if s.idx == nil {
+		return
+	}
+	var a Addr
+	if len(r.ext) == 1 {
+		e := r.ext[0]
+		b := s.blocks[e.block]
+		a = Addr{STag: b.stag(), Off: b.mr.Addr() + uint64(e.off), Len: e.n}
+	}
+	s.idx.set(key, r, a)
 }
 
 func (s *store) delete(key string) error {

@@ -355,7 +355,7 @@ func (b *bar) done() {
 
 func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) int {
 	dur := fs.Duration("duration", 2*time.Second, "time per case")
-	conc := fs.Int("c", 16, "goroutines of the 4 KiB cases (the same for memcached and gowarp)")
+	conc := fs.String("c", "16", "goroutines of the 4 KiB cases (the same for memcached and gowarp): `N[,N...]`, each in turn")
 	largeConc := fs.Int("large-c", 2, "goroutines of the 1 MiB cases")
 	conns := fs.Int("conns", 0, "the gowarp client's connections (0: 1)")
 	keys := fs.Int("keys", 1000, "4 KiB values preloaded (1 MiB: a hundredth, at least 8)")
@@ -368,11 +368,20 @@ func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, st
 		}
 		return exitUsage
 	}
-	if fs.NArg() > 0 || *rounds < 1 || *conc < 1 || *largeConc < 1 || *keys < 1 || *conns < 0 {
+	var concs []int
+	for _, f := range strings.Split(*conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			concs = nil
+			break
+		}
+		concs = append(concs, n)
+	}
+	if fs.NArg() > 0 || *rounds < 1 || len(concs) == 0 || *largeConc < 1 || *keys < 1 || *conns < 0 {
 		fs.Usage()
 		return exitUsage
 	}
-	cfg := cachebench.Config{Duration: *dur, Concurrency: *conc, LargeConc: *largeConc, Keys: *keys, Conns: *conns, Memcached: *mcBin, Rounds: *rounds,
+	cfg := cachebench.Config{Duration: *dur, Concurrency: concs, LargeConc: *largeConc, Keys: *keys, Conns: *conns, Memcached: *mcBin, Rounds: *rounds,
 		Log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	enc := json.NewEncoder(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)

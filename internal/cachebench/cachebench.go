@@ -27,12 +27,14 @@ import (
 
 // Config is one run of the benchmark.
 type Config struct {
-	Duration    time.Duration // per case
-	Concurrency int           // goroutines of the 4 KiB cases
-	LargeConc   int           // goroutines of the 1 MiB cases
-	Keys        int           // values of each size preloaded
-	Conns       int           // the gowarp client's connections (0: 1)
-	Memcached   string        // the memcached binary (default: memcached on PATH)
+	Duration time.Duration // per case
+	// Concurrency lists the goroutines (GETs in flight) of the 4 KiB
+	// cases, each run in turn (default 16).
+	Concurrency []int
+	LargeConc   int    // goroutines of the 1 MiB cases
+	Keys        int    // values of each size preloaded
+	Conns       int    // the gowarp client's connections (0: 1)
+	Memcached   string // the memcached binary (default: memcached on PATH)
 	// Rounds repeats every case, the systems taking turns, and reports
 	// each system's median round (by ops/s): on a loaded machine one run
 	// of each says more about the load than about the systems.
@@ -42,7 +44,14 @@ type Config struct {
 
 // Result is one case's outcome.
 type Result struct {
-	System      string  `json:"system"` // memcached, gowarp-get, gowarp-readat, gowarp-perf
+	// System is memcached; gowarp-get (the control path: the value
+	// inline in the reply); gowarp-get-index (the client-readable index:
+	// a Read of the key's buckets, then of the value); gowarp-readat (one
+	// Read of the value through the address the client kept);
+	// gowarp-lookup+read and gowarp-lookup-index+read (a lookup of the
+	// key, by the control path or the index, then a Read of the value:
+	// what a GET of a key the client has not seen costs); or gowarp-perf.
+	System      string  `json:"system"`
 	Size        int     `json:"size"`
 	Concurrency int     `json:"concurrency"`
 	Ops         int     `json:"ops"`
@@ -57,8 +66,8 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 	if cfg.Duration <= 0 {
 		cfg.Duration = 2 * time.Second
 	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 16
+	if len(cfg.Concurrency) == 0 {
+		cfg.Concurrency = []int{16}
 	}
 	if cfg.LargeConc <= 0 {
 		cfg.LargeConc = 2
@@ -99,23 +108,37 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go srv.Serve(sctx, ln)
-	cl, err := cache.Dial(ctx, ln.Addr().String(), cache.ClientOptions{Conns: cfg.Conns, Device: gowarp.Open(gowarp.WithLogger(cfg.Log)), Logger: cfg.Log})
+	cdev := gowarp.Open(gowarp.WithLogger(cfg.Log))
+	cl, err := cache.Dial(ctx, ln.Addr().String(), cache.ClientOptions{Conns: cfg.Conns, Device: cdev, Logger: cfg.Log, Lookup: cache.LookupControl})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
+	ci, err := cache.Dial(ctx, ln.Addr().String(), cache.ClientOptions{Conns: cfg.Conns, Device: cdev, Logger: cfg.Log, Lookup: cache.LookupIndex})
+	if err != nil {
+		return err
+	}
+	defer ci.Close()
 
-	for _, size := range []int{4 << 10, 1 << 20} {
-		keys := cfg.Keys
-		conc := cfg.Concurrency
-		if size > 4<<10 {
-			keys, conc = max(8, cfg.Keys/100), cfg.LargeConc
-		}
+	type kase struct {
+		size, keys, conc int
+	}
+	var kases []kase
+	for _, c := range cfg.Concurrency {
+		kases = append(kases, kase{4 << 10, cfg.Keys, c})
+	}
+	kases = append(kases, kase{1 << 20, max(8, cfg.Keys/100), cfg.LargeConc})
+	loaded := map[int]bool{}
+	for _, k := range kases {
+		size, keys, conc := k.size, k.keys, k.conc
 		val := make([]byte, size)
 		for i := range val {
 			val[i] = byte(i * 7)
 		}
 		for i := range keys {
+			if loaded[size] {
+				break
+			}
 			k := key(size, i)
 			if err := mc.Set(&memcache.Item{Key: k, Value: val}); err != nil {
 				return fmt.Errorf("memcached set: %w", err)
@@ -124,11 +147,42 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 				return fmt.Errorf("cache put: %w", err)
 			}
 		}
+		loaded[size] = true
 		bufs := make([][]byte, conc)
 		mrs := make([]*gowarp.MR, conc)
+		imrs := make([]*gowarp.MR, conc)
 		for g := range mrs {
 			if mrs[g], err = cl.PD().Register(make([]byte, size), gowarp.LocalWrite); err != nil {
 				return err
+			}
+			if imrs[g], err = ci.PD().Register(make([]byte, size), gowarp.LocalWrite); err != nil {
+				return err
+			}
+		}
+		check := func(n int, err error) error {
+			if err == nil && n != size {
+				err = fmt.Errorf("cache: %d bytes", n)
+			}
+			return err
+		}
+		get := func(c *cache.Client) func(g, i int) error {
+			return func(g, i int) error {
+				ctx, cancel := context.WithTimeout(ctx, opTimeout)
+				defer cancel()
+				v, err := c.GetInto(ctx, key(size, (g*7919+i)%keys), bufs[g], cache.GetOptions{})
+				bufs[g] = v
+				return check(len(v), err)
+			}
+		}
+		lookupRead := func(c *cache.Client, mrs []*gowarp.MR) func(g, i int) error {
+			return func(g, i int) error {
+				ctx, cancel := context.WithTimeout(ctx, opTimeout)
+				defer cancel()
+				e, err := c.Lookup(ctx, key(size, (g*7919+i)%keys))
+				if err != nil {
+					return err
+				}
+				return check(c.ReadEntry(ctx, e, mrs[g], 0, size, 0))
 			}
 		}
 		cases := []struct {
@@ -137,30 +191,20 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 		}{
 			{"memcached", func(g, i int) error {
 				it, err := mc.Get(key(size, (g*7919+i)%keys))
-				if err == nil && len(it.Value) != size {
-					err = fmt.Errorf("memcached: %d bytes", len(it.Value))
+				if err != nil {
+					return err
 				}
-				return err
+				return check(len(it.Value), nil)
 			}},
-			{"gowarp-get", func(g, i int) error {
-				ctx, cancel := context.WithTimeout(ctx, opTimeout)
-				defer cancel()
-				v, err := cl.GetInto(ctx, key(size, (g*7919+i)%keys), bufs[g], cache.GetOptions{})
-				bufs[g] = v
-				if err == nil && len(v) != size {
-					err = fmt.Errorf("cache: %d bytes", len(v))
-				}
-				return err
-			}},
+			{"gowarp-get", get(cl)},
+			{"gowarp-get-index", get(ci)},
 			{"gowarp-readat", func(g, i int) error {
 				ctx, cancel := context.WithTimeout(ctx, opTimeout)
 				defer cancel()
-				n, err := cl.ReadAt(ctx, key(size, (g*7919+i)%keys), mrs[g], 0, size, 0)
-				if err == nil && n != size {
-					err = fmt.Errorf("cache: %d bytes", n)
-				}
-				return err
+				return check(cl.ReadAt(ctx, key(size, (g*7919+i)%keys), mrs[g], 0, size, 0))
 			}},
+			{"gowarp-lookup+read", lookupRead(cl, mrs)},
+			{"gowarp-lookup-index+read", lookupRead(ci, imrs)},
 		}
 		runs := make([][]Result, len(cases))
 		for range cfg.Rounds {
@@ -171,8 +215,9 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 		for _, rs := range runs {
 			emit(median(rs))
 		}
-		for _, mr := range mrs {
-			mr.Deregister()
+		for g := range mrs {
+			mrs[g].Deregister()
+			imrs[g].Deregister()
 		}
 		if size == 1<<20 {
 			var rs []Result
