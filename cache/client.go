@@ -569,6 +569,17 @@ type cliConn struct {
 	msg      int
 	srv      hello
 
+	// Completions are polled by the callers waiting for them, one at a
+	// time (the leader, holding pollMu): the leader receives on the
+	// socket itself (CQ.Wait receives inline), hands each completion to
+	// its slot, and leaves once its own came, passing the lead on through
+	// pollFree. A call alone on the connection so waits in the socket
+	// read with no hand-off between goroutines.
+	pollMu   sync.Mutex
+	pollFree chan struct{}
+	wc       [64]gowarp.Completion // the leader's
+	m        Msg                   // the leader's
+
 	dead    chan struct{}
 	stopped chan struct{}
 	once    sync.Once
@@ -594,6 +605,7 @@ type cslot struct {
 	wr        gowarp.SendWR
 	sge       [1]gowarp.SGE
 	ev        chan struct{}
+	evReady   func() bool // an event waits in ev
 	abandoned atomic.Bool
 	gaveUp    bool // the caller abandoned the slot: the reply frees it
 	onReply   func(*Msg)
@@ -607,7 +619,7 @@ type cslot struct {
 
 func (c *Client) dial(ctx context.Context) (*cliConn, error) {
 	n, msg := c.o.Slots, maxMsg
-	cc := &cliConn{cl: c, msg: msg, dead: make(chan struct{}), stopped: make(chan struct{})}
+	cc := &cliConn{cl: c, msg: msg, dead: make(chan struct{}), stopped: make(chan struct{}), pollFree: make(chan struct{}, 1)}
 	cc.cq = c.o.Device.NewCQ(n*(2*maxPiecesPerCall+4) + 16)
 	qp, err := c.pd.NewQP(gowarp.QPConfig{SendCQ: cc.cq, RecvCQ: cc.cq, SendDepth: n * (2*maxPiecesPerCall + 2), RecvDepth: n})
 	if err != nil {
@@ -656,12 +668,12 @@ func (c *Client) dial(ctx context.Context) (*cliConn, error) {
 		s.msg = cc.sendMR.Bytes()[i*cc.msg : (i+1)*cc.msg]
 		s.hdrOff = i * maxPiecesPerCall * HeaderLen
 		s.ev = make(chan struct{}, 2*maxPiecesPerCall+2)
+		s.evReady = func() bool { return len(s.ev) > 0 }
 		s.sge[0].MR = cc.sendMR
 		s.sge[0].Offset = i * cc.msg
 		s.wr = gowarp.SendWR{Op: gowarp.OpSend, SGL: s.sge[:]}
 		cc.free <- i
 	}
-	go cc.poll()
 	return cc, nil
 }
 
@@ -684,6 +696,19 @@ func (cc *cliConn) fail(err error) {
 		cc.err = err
 		close(cc.dead)
 		cc.qp.Close()
+		// Nothing lands in the buffers any more; a leader still handing
+		// out what it polled reads Go memory, which stays.
+		cc.recvMR.Deregister()
+		if cc.sendMR != nil {
+			cc.sendMR.Deregister()
+		}
+		if cc.hdrMR != nil {
+			cc.hdrMR.Deregister()
+		}
+		if cc.bounceMR != nil {
+			cc.bounceMR.Deregister()
+		}
+		close(cc.stopped)
 	})
 }
 
@@ -694,32 +719,76 @@ func (cc *cliConn) lostErr() error {
 	return fmt.Errorf("%w: %w", errConnLost, cc.err)
 }
 
-// poll hands completions to their slots until the connection fails.
-func (cc *cliConn) poll() {
-	defer close(cc.stopped)
+// await waits until ready reports true (an event of the caller's slot
+// waiting, a free slot), leading the polling of the completion queue
+// when no one else does. It returns a lost connection's error, or ctx's.
+func (cc *cliConn) await(ctx context.Context, ready func() bool) error {
+	token := false // this caller holds the lead's hand-over token
 	defer func() {
-		cc.recvMR.Deregister()
-		cc.sendMR.Deregister()
-		cc.hdrMR.Deregister()
-		cc.bounceMR.Deregister()
-	}()
-	var wc [64]gowarp.Completion
-	var m Msg
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-cc.dead // closed by fail, which every way out of poll calls
-		cancel()
+		if token { // not used: to the next waiter
+			cc.passLead()
+		}
 	}()
 	for {
-		if err := cc.cq.Wait(ctx); err != nil {
-			cc.fail(err)
-			return
+		if ready() {
+			return nil
 		}
-		for _, w := range wc[:cc.cq.Poll(wc[:])] {
+		if cc.failed() {
+			return cc.lostErr()
+		}
+		if cc.pollMu.TryLock() {
+			token = false
+			err := cc.lead(ctx, ready)
+			cc.pollMu.Unlock()
+			cc.passLead()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		token = false // the leader, when it leaves, passes the lead on
+		select {
+		case <-cc.pollFree:
+			token = true
+		case <-cc.dead:
+			return cc.lostErr()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		// Or it was our event the last leader handed us: look again.
+	}
+}
+
+// passLead wakes one caller waiting for the lead, if any.
+func (cc *cliConn) passLead() {
+	select {
+	case cc.pollFree <- struct{}{}:
+	default:
+	}
+}
+
+// lead polls the completion queue, handing each completion to its slot,
+// until ready reports true. The caller holds pollMu.
+func (cc *cliConn) lead(ctx context.Context, ready func() bool) error {
+	for !ready() {
+		if cc.failed() {
+			return cc.lostErr()
+		}
+		n := cc.cq.Poll(cc.wc[:])
+		if n == 0 {
+			if err := cc.cq.Wait(ctx); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				cc.fail(err)
+				return cc.lostErr()
+			}
+			continue
+		}
+		for _, w := range cc.wc[:n] {
 			if err := w.Err(); err != nil {
 				cc.fail(errors.Join(err, cc.qp.Err()))
-				return
+				return cc.lostErr()
 			}
 			if w.Op != gowarp.CompRecv {
 				if kind := w.ID >> 16 & 0xff; kind != wrSend {
@@ -729,12 +798,13 @@ func (cc *cliConn) poll() {
 				}
 				continue
 			}
-			if err := cc.onReply(int(w.ID), w.Bytes, &m); err != nil {
+			if err := cc.onReply(int(w.ID), w.Bytes, &cc.m); err != nil {
 				cc.fail(err)
-				return
+				return cc.lostErr()
 			}
 		}
 	}
+	return nil
 }
 
 // onReply delivers the reply in receive buffer k to its slot.
@@ -774,17 +844,27 @@ func (cc *cliConn) onReply(k, n int, m *Msg) error {
 	return nil
 }
 
-// acquire takes a free slot.
+// acquire takes a free slot. With none free, it waits for one (polling,
+// when no one else does: the replies that free the slots of calls given
+// up need someone to receive them).
 func (cc *cliConn) acquire(ctx context.Context) (*cslot, error) {
-	select {
-	case i := <-cc.free:
-		return &cc.slots[i], nil
-	case <-cc.dead:
-		return nil, cc.lostErr()
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	for {
+		select {
+		case i := <-cc.free:
+			return &cc.slots[i], nil
+		case <-cc.dead:
+			return nil, cc.lostErr()
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		default:
+		}
+		if err := cc.await(ctx, cc.slotFree); err != nil {
+			return nil, err
+		}
 	}
 }
+
+func (cc *cliConn) slotFree() bool { return len(cc.free) > 0 }
 
 func (cc *cliConn) release(s *cslot) { s.onReply = nil; cc.free <- s.i }
 
@@ -801,11 +881,10 @@ func (cc *cliConn) done(s *cslot) {
 // pair guarantees that a Read no longer lands in the caller's buffer.
 func (cc *cliConn) wait(ctx context.Context, s *cslot, k int, rdma bool) error {
 	for range k {
-		select {
-		case <-s.ev:
-		case <-cc.dead:
-			return cc.lostErr()
-		case <-ctx.Done():
+		if err := cc.await(ctx, s.evReady); err != nil {
+			if ctx.Err() == nil || cc.failed() {
+				return cc.lostErr()
+			}
 			if rdma {
 				// Completions waiting here would mean the poller missed
 				// them; none, that the peer never answered.
@@ -815,6 +894,7 @@ func (cc *cliConn) wait(ctx context.Context, s *cslot, k int, rdma bool) error {
 			}
 			return ctx.Err()
 		}
+		<-s.ev
 	}
 	return nil
 }
@@ -865,11 +945,10 @@ func (cc *cliConn) callIn(ctx context.Context, s *cslot, m *Msg, onReply func(*M
 	if err := cc.send(s, m); err != nil {
 		return nil, err
 	}
-	select {
-	case <-s.ev:
-	case <-cc.dead:
-		return nil, cc.lostErr()
-	case <-ctx.Done():
+	if err := cc.await(ctx, s.evReady); err != nil {
+		if ctx.Err() == nil || cc.failed() {
+			return nil, cc.lostErr()
+		}
 		s.abandoned.Store(true)
 		if s.id.Load() == 0 && s.abandoned.CompareAndSwap(true, false) {
 			<-s.ev // the reply came meanwhile
@@ -878,6 +957,7 @@ func (cc *cliConn) callIn(ctx context.Context, s *cslot, m *Msg, onReply func(*M
 		s.gaveUp = true
 		return nil, ctx.Err()
 	}
+	<-s.ev
 	if err := s.status.err(m.Op, s.text); err != nil {
 		return nil, err
 	}
