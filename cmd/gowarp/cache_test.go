@@ -74,11 +74,13 @@ func TestCacheCommands(t *testing.T) {
 }
 
 // TestCacheBench runs the benchmark briefly, memcached included (it
-// starts memcached itself), and checks the JSON has every case.
+// starts memcached itself) and the cache server in a process of its own
+// (this binary, as gowarp: TestMain), and checks the JSON has every case.
 func TestCacheBench(t *testing.T) {
 	if _, err := exec.LookPath("memcached"); err != nil {
 		t.Skip("memcached is not installed (scripts/memcached installs it)")
 	}
+	t.Setenv("GOWARP_CMD_MAIN", "1") // for the server process
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	code, out, errs := runCmd(t, ctx, "cache", "bench", "-duration=100ms", "-keys=20", "-c=2", "-large-c=1", "-json")
@@ -97,7 +99,7 @@ func TestCacheBench(t *testing.T) {
 		}
 		systems[r.System] = true
 	}
-	for _, s := range []string{"memcached", "gowarp-get", "gowarp-readat", "gowarp-perf read_bw"} {
+	for _, s := range []string{"memcached", "gowarp-get", "gowarp-get-index", "gowarp-readat", "gowarp-lookup+read", "gowarp-lookup-index+read", "gowarp-perf read_bw"} {
 		if !systems[s] {
 			t.Errorf("no %s result in %s", s, out)
 		}

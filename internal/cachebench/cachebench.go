@@ -5,6 +5,7 @@
 package cachebench
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,7 +41,13 @@ type Config struct {
 	// each system's median round (by ops/s): on a loaded machine one run
 	// of each says more about the load than about the systems.
 	Rounds int
-	Log    *slog.Logger
+	// ServerCmd, if set, runs the cache server as a process of its own, as
+	// memcached is: the command and its first arguments (`gowarp cache
+	// serve`), to which Run adds -addr, -dir and -budget; the server's
+	// log names its address (addr=host:port). Empty: the server runs in
+	// this process, its goroutines next to the client's.
+	ServerCmd []string
+	Log       *slog.Logger
 }
 
 // Result is one case's outcome.
@@ -57,8 +65,12 @@ type Result struct {
 	Ops         int     `json:"ops"`
 	OpsPerSec   float64 `json:"ops_per_sec"`
 	MBps        float64 `json:"MBps"`
-	P50us       float64 `json:"p50_us"`
-	P99us       float64 `json:"p99_us"`
+	// Meanus is the mean latency: Concurrency / OpsPerSec by Little's law,
+	// whatever the distribution; P50us is below it when a few callers are
+	// served much later than the rest (memcached's p99 is 10-40 × its p50).
+	Meanus float64 `json:"mean_us"`
+	P50us  float64 `json:"p50_us"`
+	P99us  float64 `json:"p99_us"`
 }
 
 // Run runs every case and hands each result to emit as it comes.
@@ -95,26 +107,37 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	dev := gowarp.Open(gowarp.WithLogger(cfg.Log))
-	srv, err := cache.NewServer(cache.ServerOptions{Dir: dir, Budget: 4 << 30, Device: dev, Logger: cfg.Log})
-	if err != nil {
-		return err
+	var addr string
+	if len(cfg.ServerCmd) > 0 {
+		a, stop, err := startServerProcess(ctx, cfg.ServerCmd, dir)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		addr = a
+	} else {
+		dev := gowarp.Open(gowarp.WithLogger(cfg.Log))
+		srv, err := cache.NewServer(cache.ServerOptions{Dir: dir, Budget: 4 << 30, Device: dev, Logger: cfg.Log})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		ln, err := srv.Listen("127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go srv.Serve(sctx, ln)
+		addr = ln.Addr().String()
 	}
-	defer srv.Close()
-	ln, err := srv.Listen("127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go srv.Serve(sctx, ln)
 	cdev := gowarp.Open(gowarp.WithLogger(cfg.Log))
-	cl, err := cache.Dial(ctx, ln.Addr().String(), cache.ClientOptions{Conns: cfg.Conns, Device: cdev, Logger: cfg.Log, Lookup: cache.LookupControl})
+	cl, err := cache.Dial(ctx, addr, cache.ClientOptions{Conns: cfg.Conns, Device: cdev, Logger: cfg.Log, Lookup: cache.LookupControl})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	ci, err := cache.Dial(ctx, ln.Addr().String(), cache.ClientOptions{Conns: cfg.Conns, Device: cdev, Logger: cfg.Log, Lookup: cache.LookupIndex})
+	ci, err := cache.Dial(ctx, addr, cache.ClientOptions{Conns: cfg.Conns, Device: cdev, Logger: cfg.Log, Lookup: cache.LookupIndex})
 	if err != nil {
 		return err
 	}
@@ -289,6 +312,11 @@ func measure(system string, size, conc int, d time.Duration, op func(g, i int) e
 	r.OpsPerSec = float64(len(all)) / el.Seconds()
 	r.MBps = r.OpsPerSec * float64(size) / 1e6
 	if len(all) > 0 {
+		var sum time.Duration
+		for _, l := range all {
+			sum += l
+		}
+		r.Meanus = float64(sum.Nanoseconds()) / float64(len(all)) / 1e3
 		r.P50us = float64(all[len(all)/2].Nanoseconds()) / 1e3
 		r.P99us = float64(all[len(all)*99/100].Nanoseconds()) / 1e3
 	}
@@ -313,6 +341,48 @@ func perfReadBW(ctx context.Context, size int, cfg Config) (Result, error) {
 	r := Result{System: "gowarp-perf read_bw", Size: size, Concurrency: 1, Ops: pr.Iters, MBps: pr.MBps}
 	r.OpsPerSec = pr.Mpps * 1e6
 	return r, nil
+}
+
+// startServerProcess runs the cache server command on a free loopback
+// port with the data directory dir, and returns its address once its log
+// names it.
+func startServerProcess(ctx context.Context, argv []string, dir string) (string, func(), error) {
+	args := append(slices.Clone(argv[1:]), "-addr", "127.0.0.1:0", "-dir", dir, "-budget", "4GiB")
+	cmd := exec.Command(argv[0], args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("cachebench: cache server: %w", err)
+	}
+	stop := func() { cmd.Process.Kill(); cmd.Wait() }
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() { // and on to the end, so the server never blocks on its log
+			if _, rest, ok := strings.Cut(sc.Text(), "msg=\"cache: serving\" addr="); ok && !sent {
+				found <- strings.Fields(rest)[0]
+				sent = true
+			}
+		}
+		if !sent {
+			close(found)
+		}
+	}()
+	select {
+	case a, ok := <-found:
+		if !ok {
+			stop()
+			return "", nil, errors.New("cachebench: the cache server ended before it served")
+		}
+		return a, stop, nil
+	case <-time.After(10 * time.Second):
+	case <-ctx.Done():
+	}
+	stop()
+	return "", nil, errors.New("cachebench: the cache server does not say where it serves")
 }
 
 // startMemcached starts memcached on a free loopback port and returns a
