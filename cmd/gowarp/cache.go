@@ -395,14 +395,14 @@ func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, st
 	enc := json.NewEncoder(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	if !*asJSON {
-		fmt.Fprintln(tw, "system\tsize\tconc\tops/s\tMB/s\tmean µs\tp50 µs\tp99 µs\t")
+		fmt.Fprintln(tw, "system\tsize\tconc\tops/s\tMB/s\tmean µs\tp50 µs\tp99 µs\tCPU µs/op\t")
 	}
 	err := cachebench.Run(ctx, cfg, func(r cachebench.Result) {
 		if *asJSON {
 			enc.Encode(r)
 			return
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", r.System, fmtSize(int64(r.Size)), r.Concurrency, r.OpsPerSec, r.MBps, r.Meanus, r.P50us, r.P99us)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", r.System, fmtSize(int64(r.Size)), r.Concurrency, r.OpsPerSec, r.MBps, r.Meanus, r.P50us, r.P99us, r.CPUus)
 		fmt.Fprint(stderr, ".")
 	})
 	if !*asJSON {

@@ -71,6 +71,11 @@ type Result struct {
 	Meanus float64 `json:"mean_us"`
 	P50us  float64 `json:"p50_us"`
 	P99us  float64 `json:"p99_us"`
+	// CPUus is the CPU time (user and system) per op of the client (this
+	// process) and the server (memcached's process, or the cache server's,
+	// which is this one with -in-process): what the op costs whatever
+	// else loads the machine. Zero where it cannot be read (not Linux).
+	CPUus float64 `json:"cpu_us_per_op"`
 }
 
 // Run runs every case and hands each result to emit as it comes.
@@ -96,7 +101,7 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	mc, stopMC, err := startMemcached(ctx, cfg.Memcached)
+	mc, mcPID, stopMC, err := startMemcached(ctx, cfg.Memcached)
 	if err != nil {
 		return err
 	}
@@ -108,13 +113,14 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 	}
 	defer os.RemoveAll(dir)
 	var addr string
+	srvPID := 0 // the cache server's process, if not this one
 	if len(cfg.ServerCmd) > 0 {
-		a, stop, err := startServerProcess(ctx, cfg.ServerCmd, dir)
+		a, pid, stop, err := startServerProcess(ctx, cfg.ServerCmd, dir)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		addr = a
+		addr, srvPID = a, pid
 	} else {
 		dev := gowarp.Open(gowarp.WithLogger(cfg.Log))
 		srv, err := cache.NewServer(cache.ServerOptions{Dir: dir, Budget: 4 << 30, Device: dev, Logger: cfg.Log})
@@ -232,7 +238,11 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 		runs := make([][]Result, len(cases))
 		for range cfg.Rounds {
 			for i, c := range cases {
-				runs[i] = append(runs[i], measure(c.system, size, conc, cfg.Duration, c.op))
+				pid := srvPID
+				if c.system == "memcached" {
+					pid = mcPID
+				}
+				runs[i] = append(runs[i], measure(c.system, size, conc, cfg.Duration, pid, c.op))
 			}
 		}
 		for _, rs := range runs {
@@ -273,8 +283,9 @@ func key(size, i int) string { return "bench-" + strconv.Itoa(size) + "-" + strc
 // measure runs op on conc goroutines for d and reports ops/s, MB/s and
 // the latency percentiles; an op that fails ends the run with its error
 // counted (the run's Ops excludes it).
-func measure(system string, size, conc int, d time.Duration, op func(g, i int) error) Result {
+func measure(system string, size, conc int, d time.Duration, serverPID int, op func(g, i int) error) Result {
 	lats := make([][]time.Duration, conc)
+	cpu0 := cpuTime(0) + cpuTime(serverPID)
 	var wg sync.WaitGroup
 	var firstErr error
 	var emu sync.Mutex
@@ -306,11 +317,15 @@ func measure(system string, size, conc int, d time.Duration, op func(g, i int) e
 	}
 	wg.Wait()
 	el := time.Since(start)
+	cpu := cpuTime(0) + cpuTime(serverPID) - cpu0
 	all := slices.Concat(lats...)
 	slices.Sort(all)
 	r := Result{System: system, Size: size, Concurrency: conc, Ops: len(all)}
 	r.OpsPerSec = float64(len(all)) / el.Seconds()
 	r.MBps = r.OpsPerSec * float64(size) / 1e6
+	if len(all) > 0 && cpu > 0 {
+		r.CPUus = float64(cpu.Nanoseconds()) / float64(len(all)) / 1e3
+	}
 	if len(all) > 0 {
 		var sum time.Duration
 		for _, l := range all {
@@ -346,15 +361,15 @@ func perfReadBW(ctx context.Context, size int, cfg Config) (Result, error) {
 // startServerProcess runs the cache server command on a free loopback
 // port with the data directory dir, and returns its address once its log
 // names it.
-func startServerProcess(ctx context.Context, argv []string, dir string) (string, func(), error) {
+func startServerProcess(ctx context.Context, argv []string, dir string) (string, int, func(), error) {
 	args := append(slices.Clone(argv[1:]), "-addr", "127.0.0.1:0", "-dir", dir, "-budget", "4GiB")
 	cmd := exec.Command(argv[0], args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("cachebench: cache server: %w", err)
+		return "", 0, nil, fmt.Errorf("cachebench: cache server: %w", err)
 	}
 	stop := func() { cmd.Process.Kill(); cmd.Wait() }
 	found := make(chan string, 1)
@@ -375,29 +390,29 @@ func startServerProcess(ctx context.Context, argv []string, dir string) (string,
 	case a, ok := <-found:
 		if !ok {
 			stop()
-			return "", nil, errors.New("cachebench: the cache server ended before it served")
+			return "", 0, nil, errors.New("cachebench: the cache server ended before it served")
 		}
-		return a, stop, nil
+		return a, cmd.Process.Pid, stop, nil
 	case <-time.After(10 * time.Second):
 	case <-ctx.Done():
 	}
 	stop()
-	return "", nil, errors.New("cachebench: the cache server does not say where it serves")
+	return "", 0, nil, errors.New("cachebench: the cache server does not say where it serves")
 }
 
 // startMemcached starts memcached on a free loopback port and returns a
 // client of it once it answers.
-func startMemcached(ctx context.Context, bin string) (*memcache.Client, func(), error) {
+func startMemcached(ctx context.Context, bin string) (*memcache.Client, int, func(), error) {
 	if bin == "" {
 		bin = "memcached"
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return nil, nil, fmt.Errorf("cachebench: %w (install it: scripts/memcached, or apt-get install memcached)", err)
+		return nil, 0, nil, fmt.Errorf("cachebench: %w (install it: scripts/memcached, or apt-get install memcached)", err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 	l.Close()
@@ -407,7 +422,7 @@ func startMemcached(ctx context.Context, bin string) (*memcache.Client, func(), 
 	}
 	cmd := exec.Command(path, args...)
 	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("cachebench: memcached: %w", err)
+		return nil, 0, nil, fmt.Errorf("cachebench: memcached: %w", err)
 	}
 	stop := func() { cmd.Process.Kill(); cmd.Wait() }
 	addr := "127.0.0.1:" + port
@@ -419,12 +434,12 @@ func startMemcached(ctx context.Context, bin string) (*memcache.Client, func(), 
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			stop()
-			return nil, nil, errors.Join(fmt.Errorf("cachebench: memcached does not answer on %s", addr), err)
+			return nil, 0, nil, errors.Join(fmt.Errorf("cachebench: memcached does not answer on %s", addr), err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	mc := memcache.New(addr)
 	mc.MaxIdleConns = 64
 	mc.Timeout = 5 * time.Second
-	return mc, stop, nil
+	return mc, cmd.Process.Pid, stop, nil
 }
