@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +64,8 @@ type perfConfig struct {
 	server   string
 	client   string
 	verbose  bool
+	cpuprof  string
+	trace    string
 	conn     perf.ConnOptions
 }
 
@@ -111,6 +115,8 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 		return nil
 	})
 	fs.BoolVar(&c.verbose, "v", false, "log session events")
+	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of this process (client or server) to `FILE` (go tool pprof reads it)")
+	fs.StringVar(&c.trace, "trace", "", "write an execution trace of this process to `FILE` (go tool trace reads it)")
 	return fs, c
 }
 
@@ -162,6 +168,11 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case c.plot != "" && c.server != "":
 		return fail("-plot draws a client's results; not with -server")
 	}
+	stop, err := startProfiles(c.cpuprof, c.trace)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer stop()
 	var plotFormat string
 	if c.plot != "" {
 		var err error
@@ -395,4 +406,41 @@ func (s *sizeFlag) Set(v string) error {
 	}
 	*s = sizeFlag(n * mult)
 	return nil
+}
+
+// startProfiles starts the CPU profile and the execution trace the flags
+// ask for (an empty name: none) and returns what stops them and closes
+// their files.
+func startProfiles(cpu, tr string) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	if cpu != "" {
+		f, err := os.Create(cpu)
+		if err != nil {
+			return stop, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return stop, err
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	}
+	if tr != "" {
+		f, err := os.Create(tr)
+		if err != nil {
+			stop()
+			return func() {}, err
+		}
+		if err := trace.Start(f); err != nil {
+			f.Close()
+			stop()
+			return func() {}, err
+		}
+		stops = append(stops, func() { trace.Stop(); f.Close() })
+	}
+	return stop, nil
 }

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -233,5 +235,27 @@ func TestPerfServerMode(t *testing.T) {
 	}
 	if s := srvErr.String(); strings.Contains(s, "level=WARN") || strings.Contains(s, "level=ERROR") {
 		t.Errorf("server complained:\n%s", s)
+	}
+}
+
+// TestPerfProfiles: -cpuprofile and -trace leave a CPU profile and an
+// execution trace of the run, which pprof and the trace tool read (their
+// headers say so); a file that cannot be created is a usage error.
+func TestPerfProfiles(t *testing.T) {
+	dir := t.TempDir()
+	prof, tr := filepath.Join(dir, "cpu.prof"), filepath.Join(dir, "run.trace")
+	code, _, errs := runCmd(t, context.Background(), "perf", "-iters", "20", "-size", "4K", "-depth", "4", "-test", "write_bw", "-cpuprofile", prof, "-trace", tr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	p, err := os.ReadFile(prof)
+	if err != nil || len(p) < 2 || p[0] != 0x1f || p[1] != 0x8b { // gzipped protobuf
+		t.Errorf("cpu profile: %d bytes, %v", len(p), err)
+	}
+	if b, err := os.ReadFile(tr); err != nil || !bytes.HasPrefix(b, []byte("go 1.")) {
+		t.Errorf("trace: %.12q, %v", b, err)
+	}
+	if code, _, _ := runCmd(t, context.Background(), "perf", "-iters", "1", "-test", "write_bw", "-cpuprofile", filepath.Join(dir, "no", "such", "dir")); code != 2 {
+		t.Errorf("profile in a missing directory: exit %d, want 2", code)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -59,11 +60,19 @@ type shmLink struct {
 	full time.Duration
 	// rspin is how long the reader spins now: halved after each wait
 	// that had to sleep, doubled after each that did not, within
-	// [shmSpinMin, shmSpin] (see Readv).
-	rspin time.Duration
-	bell  [1]byte
-	sink  [64]byte
-	ts    unix.Timespec
+	// [spinMin, spinMax] (see Readv); wspin is how long a writer spins on
+	// a full ring before it sleeps. The bounds are shmSpinMin and shmSpin
+	// but for tests that make every wait sleep.
+	rspin, spinMin, spinMax, wspin time.Duration
+	// rrun and wrun are the reader's and the writer's look at the
+	// goroutines waiting for a processor (see yield).
+	rrun, wrun shmRunnable
+	// rsleeps and wsleeps count the times the reader and the writer set
+	// their waiting word to sleep (each side's own; for tests).
+	rsleeps, wsleeps int
+	bell             [1]byte
+	sink             [64]byte
+	ts               unix.Timespec
 }
 
 // shmRing is one direction's ring: its counters in the shared file's
@@ -126,7 +135,8 @@ func newShmRing(ctrl, data []byte) shmRing {
 // newShmLink returns the link over m, with c as its liveness channel and
 // doorbell; full is the link timeout (negative: none).
 func newShmLink(c net.Conn, m *cm.SharedMemory, full time.Duration) Link {
-	l := &shmLink{c: c, m: m, full: full, rspin: shmSpin}
+	l := &shmLink{c: c, m: m, full: full, rspin: shmSpin, spinMin: shmSpinMin, spinMax: shmSpin, wspin: shmSpin,
+		rrun: newShmRunnable(), wrun: newShmRunnable()}
 	l.conn = shmConn{Conn: c, l: l}
 	in, out := newShmRing(m.Ctrl(0), m.Data(0)), newShmRing(m.Ctrl(1), m.Data(1))
 	in.race, out.race = shmRaceAddr(m.ID(), 0), shmRaceAddr(m.ID(), 1)
@@ -219,15 +229,19 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 		if i == 0 {
 			spinStart = time.Now()
 		}
-		if i&63 != 63 || time.Since(spinStart) < l.rspin {
+		if l.rspin > 0 && (i&63 != 63 || time.Since(spinStart) < l.rspin) {
 			if i&15 == 15 {
-				yield()
+				yield(&l.rrun)
 			}
 			continue
 		}
 		slept = true
+		if testHookShmSleep != nil {
+			testHookShmSleep()
+		}
 		// Sleep on the connection until the writer rings (a byte), the
 		// peer goes (EOF, a reset), a deadline passes or Close.
+		l.rsleeps++
 		r.rwait.Store(1)
 		if r.head.Load() != t {
 			r.rwait.Store(0)
@@ -238,6 +252,11 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 		i = -1
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed) {
+				// The doorbell (a completion from this side's transmit
+				// path, say) found the reader asleep: the spin caught
+				// nothing, and counts so. A waiter for local completions
+				// only (write_bw's) otherwise spun shmSpin in every wait.
+				l.adapt(true)
 				return 0, err
 			}
 			// The peer's bytes written before it went are read first.
@@ -246,25 +265,51 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 	}
 }
 
-// yield gives the processor away while a call spins: to this process's
-// other goroutines (the peer's, in one process) and, with sched_yield,
-// to the other threads of the host, the peer's among them. On a host
-// with more runnable threads than processors the peer often waits for
-// the very processor the spinner holds: between two processes at load
-// 19 on 2 cores, 8-byte write_lat's median was 14-16 µs with it and
-// 120-150 µs in most runs without (1.3 µs in the others; TCP's 24), and
-// 64 KiB write_bw 7.2-11.8 GB/s against 2.8.
-func yield() {
-	runtime.Gosched()
+// testHookShmSleep, when set by a test before links start, runs in a
+// reader and a writer about to sleep, before they set their waiting
+// word: it widens the window in which the peer moves the ring.
+var testHookShmSleep func()
+
+// yield gives the processor away while a call spins: with sched_yield
+// to the other threads of the host, the peer's among them, and, when
+// goroutines of this process wait for a processor (the peer's, in one
+// process), to them. On a host with more runnable threads than
+// processors the peer often waits for the very processor the spinner
+// holds: between two processes at load 19 on 2 cores, 8-byte write_lat's
+// median was 14-16 µs with sched_yield and 120-150 µs in most runs
+// without (1.3 µs in the others; TCP's 24), and 64 KiB write_bw 7.2-11.8
+// GB/s against 2.8.
+//
+// runtime.Gosched is called only when a goroutine is runnable: with a
+// processor idle (two processes, each with a goroutine spinning) it put
+// the spinner on the global queue and woke an idle thread to take it,
+// two futex calls and a thread switch per call, and the spinner was often
+// in that hand-off when its peer's bytes came. Between two processes at
+// load 8-9, 8-byte write_lat's median was 6.6-8.6 µs gated so, against
+// 7.6-22 µs calling it every time (TCP's 13.4-18.9 in the same rounds).
+func yield(runnable *shmRunnable) {
 	unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	metrics.Read(runnable[:])
+	if runnable[0].Value.Uint64() > 0 {
+		runtime.Gosched()
+	}
+}
+
+// shmRunnable reads the count of this process's goroutines that wait for
+// a processor (about 200 ns, nothing allocated; the scheduler's lock is
+// taken for it); the reader and the writer of a link have one each.
+type shmRunnable [1]metrics.Sample
+
+func newShmRunnable() shmRunnable {
+	return shmRunnable{{Name: "/sched/goroutines/runnable:goroutines"}}
 }
 
 // adapt sets how long the next wait spins after one that slept or not.
 func (l *shmLink) adapt(slept bool) {
 	if slept {
-		l.rspin = max(l.rspin/2, shmSpinMin)
+		l.rspin = max(l.rspin/2, l.spinMin)
 	} else {
-		l.rspin = min(l.rspin*2, shmSpin)
+		l.rspin = min(l.rspin*2, l.spinMax)
 	}
 }
 
@@ -356,9 +401,9 @@ func (l *shmLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 		if i == 0 {
 			spinStart = time.Now()
 		}
-		if i&63 != 63 || time.Since(spinStart) < shmSpin {
+		if l.wspin > 0 && (i&63 != 63 || time.Since(spinStart) < l.wspin) {
 			if i&15 == 15 {
-				yield()
+				yield(&l.wrun)
 			}
 			continue
 		}
@@ -370,7 +415,11 @@ func (l *shmLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 		} else if l.full > 0 && time.Since(fullSince) > l.full {
 			return 0, syscall.ETIMEDOUT
 		}
+		if testHookShmSleep != nil {
+			testHookShmSleep()
+		}
 		r.wwait.Store(1)
+		l.wsleeps++
 		if r.tail.Load() == t {
 			l.ts = unix.NsecToTimespec(int64(shmFullPoll))
 			futex(r.tail, futexWait, uint32(t), &l.ts)

@@ -4,11 +4,13 @@ package engine
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -124,13 +126,18 @@ func TestAdapterSharedMemoryLinkWakes(t *testing.T) {
 	ini, rsp := shmLinks(t, cm.ShmMinRing)
 	buf := make([]byte, 100)
 	for _, after := range []time.Duration{0, 10 * time.Microsecond, 20 * time.Millisecond} {
+		set := make(chan struct{})
 		go func() {
+			defer close(set)
 			time.Sleep(after)
 			rsp.Conn().SetReadDeadline(time.Unix(1, 0))
 		}()
 		if _, err := rsp.Readv([][]byte{buf}); !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("after %v: read %v, want the deadline", after, err)
 		}
+		// The read can end on the link's deadline before the call has
+		// set the connection's: clear both once it has.
+		<-set
 		rsp.Conn().SetReadDeadline(time.Time{})
 	}
 	if _, err := ini.Writev([][]byte{[]byte("hello")}, nil, true); err != nil {
@@ -180,4 +187,97 @@ func TestAdapterSharedMemoryLinkWakes(t *testing.T) {
 	if _, err := ini.Readv([][]byte{buf}); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("read on a closed link: %v", err)
 	}
+}
+
+// TestAdapterSharedMemoryLinkNoLostWakeup: with spinning cut to its least,
+// so that nearly every wait sleeps, a ping-pong of small messages and a
+// stream through a ring far smaller than what is sent both finish: a
+// reader that sets its waiting word as the writer publishes, or a writer
+// that sleeps on a full ring as the reader frees it, is always woken (a
+// wake-up lost there hangs the test, which the deadline below turns into
+// a failure).
+func TestAdapterSharedMemoryLinkNoLostWakeup(t *testing.T) {
+	ini, rsp := shmLinks(t, cm.ShmMinRing)
+	for _, l := range []*shmLink{ini, rsp} {
+		l.rspin, l.spinMin, l.spinMax, l.wspin = 0, 0, 0, 0
+	}
+	// The peer gets the processor between a side's last look at the ring
+	// and its waiting word, where a protocol that looked only before
+	// setting the word would sleep through the peer's bytes.
+	testHookShmSleep = runtime.Gosched
+	defer func() { testHookShmSleep = nil }()
+	done := make(chan error, 2)
+	deadline := time.Now().Add(20 * time.Second)
+	for _, l := range []*shmLink{ini, rsp} {
+		l.Conn().SetDeadline(deadline)
+	}
+	// Ping-pong: each side echoes what it gets.
+	const rounds = 3000
+	go func() {
+		buf := make([]byte, 8)
+		for i := 0; i < rounds; i++ {
+			n, err := rsp.Readv([][]byte{buf})
+			if err == nil && n != 8 {
+				err = io.ErrShortBuffer
+			}
+			if err == nil {
+				_, err = rsp.Writev([][]byte{buf[:n]}, nil, true)
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	msg, buf := make([]byte, 8), make([]byte, 8)
+	for i := 0; i < rounds; i++ {
+		binary.LittleEndian.PutUint64(msg, uint64(i))
+		if _, err := ini.Writev([][]byte{msg}, nil, true); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if n, err := ini.Readv([][]byte{buf}); err != nil || n != 8 || !bytes.Equal(buf, msg) {
+			t.Fatalf("round %d: read %d %x, %v", i, n, buf[:n], err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A stream 64 times the ring: the writer sleeps on a full ring, the
+	// reader on an empty one, over and over.
+	src := make([]byte, 64*cm.ShmMinRing)
+	for i := range src {
+		src[i] = byte(i * 13)
+	}
+	go func() {
+		for off := 0; off < len(src); {
+			n, err := ini.Writev([][]byte{src[off:min(off+20_000, len(src))]}, nil, true)
+			if err != nil {
+				done <- err
+				return
+			}
+			off += n
+		}
+		done <- nil
+	}()
+	got := make([]byte, 0, len(src))
+	rbuf := make([]byte, 30_000)
+	for len(got) < len(src) {
+		n, err := rsp.Readv([][]byte{rbuf[:7000], rbuf[7000:]})
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		got = append(got, rbuf[:n]...)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, src) {
+		t.Fatal("bytes differ")
+	}
+	// The waits did sleep: the test looked at the protocol, not at a spin.
+	if ini.rsleeps+rsp.rsleeps < 100 || ini.wsleeps < 10 {
+		t.Errorf("%d and %d readers' sleeps, %d writer's: want at least 100 and 10", ini.rsleeps, rsp.rsleeps, ini.wsleeps)
+	}
+	t.Logf("sleeps: readers %d and %d, writer %d", ini.rsleeps, rsp.rsleeps, ini.wsleeps)
 }
