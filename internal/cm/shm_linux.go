@@ -8,6 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,9 +26,61 @@ type shmOffer struct {
 	m    *SharedMemory
 }
 
+// shmStaleAge is how old a file of a process that is gone must be for
+// sweepShm to remove it, and shmSweepEvery how often a process sweeps.
+// A file lives for one MPA exchange, milliseconds; the age keeps a live
+// process of another PID namespace sharing the directory, whose ID means
+// nothing here, safe while it connects.
+const (
+	shmStaleAge   = time.Minute
+	shmSweepEvery = time.Minute
+)
+
+// shmSwept is when this process last swept (Unix nanoseconds).
+var shmSwept atomic.Int64
+
+// sweepShm removes this user's gowarp files in shmDir left by processes
+// that are gone: one killed between creating its file and the
+// responder's mapping it (which unlinks it) leaves it behind. A file is
+// stale when the process its name names (the ID in hex after the prefix)
+// no longer exists and it was last changed more than shmStaleAge before
+// now. It returns how many it removed.
+func sweepShm(now time.Time) int {
+	dir, err := os.ReadDir(shmDir)
+	if err != nil {
+		return 0
+	}
+	removed := 0
+	for _, e := range dir {
+		name := e.Name()
+		if !validShmName(name) || len(name) < len(shmNamePrefix)+8 || !e.Type().IsRegular() {
+			continue
+		}
+		pid, err := strconv.ParseUint(name[len(shmNamePrefix):len(shmNamePrefix)+8], 16, 31)
+		if err != nil || pid == 0 || unix.Kill(int(pid), 0) != unix.ESRCH {
+			continue // alive (or another user's, EPERM), or not a process ID
+		}
+		path := shmDir + "/" + name
+		var st unix.Stat_t
+		if unix.Lstat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() ||
+			now.Sub(time.Unix(st.Mtim.Unix())) < shmStaleAge {
+			continue
+		}
+		if unix.Unlink(path) == nil {
+			removed++
+		}
+	}
+	return removed
+}
+
 // createShm creates, sizes and maps a file for rings of ring bytes and
-// writes its header with a random token.
+// writes its header with a random token; first, at most once every
+// shmSweepEvery, it sweeps the files of processes that are gone.
 func createShm(ring int) (*shmOffer, error) {
+	if now := time.Now(); now.UnixNano()-shmSwept.Load() >= int64(shmSweepEvery) {
+		shmSwept.Store(now.UnixNano())
+		sweepShm(now)
+	}
 	var id [8]byte
 	o := &shmOffer{blk: shmBlock{Ring: uint32(ring)}}
 	if _, err := rand.Read(id[:]); err != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -332,4 +333,75 @@ func FuzzShmBlock(f *testing.F) {
 			t.Fatalf("re-encoded %x, got %x", again, pd)
 		}
 	})
+}
+
+// TestAdapterSharedMemorySweep: the sweep removes a gowarp file whose
+// process is gone and that is older than shmStaleAge, the leak of a
+// process killed during the MPA exchange, and keeps a fresh one of a
+// process that is gone, an old one of a live process (this one), another
+// user's, a symbolic link, and files that are not gowarp's; createShm
+// sweeps.
+func TestAdapterSharedMemorySweep(t *testing.T) {
+	dir := t.TempDir()
+	defer func(d string) { shmDir = d }(shmDir)
+	shmDir = dir
+	// The ID of a process that is gone: a child, reaped.
+	child := exec.Command("true")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	gone, live := child.Process.Pid, os.Getpid()
+	old := time.Now().Add(-2 * shmStaleAge)
+	file := func(name string, mtime time.Time) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	name := func(pid int) string { return fmt.Sprintf("%s%08x%016x", shmNamePrefix, pid, 0xfeed) }
+	stale := file(name(gone), old)
+	kept := []string{
+		file(name(gone)[:len(name(gone))-1]+"1", time.Now()), // gone, but fresh
+		file(name(live)[:len(name(live))-1]+"2", old),        // alive
+		file("gowarp-other", old),                            // not a link's file
+		file(shmNamePrefix+"zz", old),                        // not hex
+	}
+	other := file(name(gone)[:len(name(gone))-1]+"3", old)
+	if os.Geteuid() == 0 && os.Chown(other, 65534, 65534) == nil {
+		kept = append(kept, other) // another user's
+	} else {
+		os.Remove(other)
+	}
+	link := filepath.Join(dir, name(gone)[:len(name(gone))-1]+"4")
+	if err := os.Symlink(kept[0], link); err != nil {
+		t.Fatal(err)
+	}
+	kept = append(kept, link)
+	if n := sweepShm(time.Now()); n != 1 {
+		t.Errorf("swept %d files, want 1", n)
+	}
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale file still there: %v", err)
+	}
+	for _, p := range kept {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("%s: %v, want it kept", filepath.Base(p), err)
+		}
+	}
+	// createShm sweeps (once every shmSweepEvery: the clock is set back).
+	stale = file(name(gone), old)
+	shmSwept.Store(0)
+	o, err := createShm(ShmMinRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.discard()
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("createShm left the stale file: %v", err)
+	}
 }
