@@ -57,3 +57,37 @@ var keys4K = func() (ks [100]string) {
 }()
 
 func key4K(i int) string { return keys4K[i] }
+
+// BenchmarkLookupRead1M: a lookup of a 1 MiB value, by the control path
+// or the index, then its Read, 2 at a time.
+func BenchmarkLookupRead1MControl(b *testing.B) { benchLookupRead1M(b, cache.LookupControl) }
+func BenchmarkLookupRead1MIndex(b *testing.B)   { benchLookupRead1M(b, cache.LookupIndex) }
+
+func benchLookupRead1M(b *testing.B, lookup cache.LookupMode) {
+	addr, _, _ := startServer(b, cache.ServerOptions{})
+	c := dial(b, addr, cache.ClientOptions{Lookup: lookup})
+	ctx := ctxT(b)
+	v := value(1, 1<<20)
+	for i := range 10 {
+		if err := c.Put(ctx, key4K(i), v, cache.PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	b.SetParallelism(1)
+	b.SetBytes(1 << 20)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		mr, _ := c.PD().Register(make([]byte, 1<<20), gowarp.LocalWrite)
+		for pb.Next() {
+			e, err := c.Lookup(ctx, key4K(int(next.Add(1)%10)))
+			if err == nil {
+				_, err = c.ReadEntry(ctx, e, mr, 0, 1<<20, 0)
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
