@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"sort"
 	"strings"
@@ -262,32 +261,27 @@ func (st *stream) run(pd *gowarp.PD) error {
 // first completion on the other link.
 func TestFailoverSendsWrites(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		cuts  int
-		netem string // tc netem options on every link, or none
+		name string
+		cuts int
+		loss int // percent of the packets each end of each link drops
 	}{
-		{"cuts", 4, ""},
-		{"netem", 2, "delay 2ms loss 2%"},
+		{"cuts", 4, 0},
+		{"loss", 2, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			testFailover(t, tc.cuts, tc.netem)
+			testFailover(t, tc.cuts, tc.loss)
 		})
 	}
 }
 
-func testFailover(t *testing.T, cuts int, netem string) {
+func testFailover(t *testing.T, cuts, loss int) {
 	sn := newSessNet(t, 2, testSessionConfig())
-	if netem != "" {
-		if _, err := exec.LookPath("tc"); err != nil {
-			t.Skip("needs iproute2's tc for netem")
-		}
+	// Random loss on both ends of every link, from an nftables rule in
+	// each namespace (the kernel here has no sch_netem).
+	var losses []*netns.Loss
+	if loss > 0 {
 		for _, l := range sn.n.Links {
-			for _, end := range [][2]string{{sn.n.A, l.LinkA}, {sn.n.B, l.LinkB}} {
-				args := append([]string{"-n", end[0], "qdisc", "add", "dev", end[1], "root", "netem"}, strings.Fields(netem)...)
-				if out, err := exec.Command("tc", args...).CombinedOutput(); err != nil {
-					t.Skipf("tc netem (is there no sch_netem in this kernel?): %v: %s", err, out)
-				}
-			}
+			losses = append(losses, netns.AddLoss(t, sn.n.A, l.LinkA, loss), netns.AddLoss(t, sn.n.B, l.LinkB, loss))
 		}
 	}
 	// Paced to last about 10 s: time for the cuts, and the links' rejoins.
@@ -373,6 +367,22 @@ func testFailover(t *testing.T, cuts int, netem string) {
 			}
 		}
 	}
+	lossNote := ""
+	if loss > 0 {
+		// The loss must really have happened, or the case proves nothing.
+		var sent, dropped uint64
+		for _, l := range losses {
+			s, d, err := l.Counts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent, dropped = sent+s, dropped+d
+		}
+		if sent < 1000 || dropped == 0 {
+			t.Fatalf("the loss rules saw %d packets and dropped %d: no loss to speak of", sent, dropped)
+		}
+		lossNote = fmt.Sprintf("; loss rules dropped %d of %d packets (%.2f%%)", dropped, sent, 100*float64(dropped)/float64(sent))
+	}
 	cs, ss := sn.cli.Stats(), sn.srv.Stats()
 	if cs.Failovers < uint64(len(cutAt)) || len(cutAt) == 0 {
 		t.Errorf("%d cuts of the client's sending link failed it over, %d fail-overs", len(cutAt), cs.Failovers)
@@ -395,10 +405,10 @@ func testFailover(t *testing.T, cuts int, netem string) {
 	}
 	t.Logf("%d cuts (%d of the sending link); client: %d Sends + %d Writes + %d Reads completed once each, in order, %d Sends received, %d fail-overs, %d resent, %d duplicates dropped; "+
 		"server: %d Sends received, %d + %d + %d completed, %d fail-overs, %d resent, %d duplicates dropped; "+
-		"Writes placed again: %d bytes at the server; cut to first completion on the new link: %v (median %v)",
+		"Writes placed again: %d bytes at the server; cut to first completion on the new link: %v (median %v)%s",
 		cuts, len(cutAt), up.sends, up.wrs, up.reads, up.recvd, cs.Failovers, cs.Resent, cs.Duplicates,
 		down.recvd, down.sends, down.wrs, down.reads, ss.Failovers, ss.Resent, ss.Duplicates,
-		dstS.Placed()-uint64(count/4*8), gaps, med)
+		dstS.Placed()-uint64(count/4*8), gaps, med, lossNote)
 }
 
 // TestFailoverDeadline: a session whose every link is cut ends its
