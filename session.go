@@ -32,6 +32,11 @@ var (
 	// handshake reached a session listener, or a Connect's reply carried
 	// none.
 	ErrNotSession = errors.New("gowarp: not a session handshake")
+	// ErrSessionMoved: the session was handed to another node with its
+	// STag table (SessionListener.Export): this side's PostSend refuses
+	// new work from the start of the export, and its outstanding
+	// receives complete with it once the session has gone.
+	ErrSessionMoved = errors.New("gowarp: the session moved to another node")
 )
 
 // SessionConfig tunes a session; the zero value is usable.
@@ -111,6 +116,7 @@ type SessionStats struct {
 	Resent     uint64 // work requests sent again after a fail-over
 	Duplicates uint64 // messages from the peer dropped as already received
 	Joins      uint64 // connections that joined after the first
+	Redirects  uint64 // times the peer sent this side to another node
 	// LastFailover is when the last fail-over began: the connection was
 	// found dead.
 	LastFailover time.Time
@@ -169,7 +175,7 @@ type Session struct {
 	id        uint64
 	tag       uint32
 	initiator bool
-	paths     []string // the initiator's dial addresses, by path
+	paths     []string // the initiator's dial addresses, by path (under mu)
 	log       *slog.Logger
 
 	peerWindow uint64
@@ -207,8 +213,10 @@ type Session struct {
 	recvs      []recvSlot // the application's receives
 	rHead      uint64
 	rTail      uint64
-	ackTo      *sconn // where the peer's messages last came from
-	forget     func() // a listener's: drops the session from its table
+	ackTo      *sconn       // where the peer's messages last came from
+	forget     func()       // a listener's: drops the session from its table
+	moving     bool         // an export is under way: PostSend refuses
+	redialing  map[int]bool // the initiator's paths being dialed again
 
 	// Completions for the application.
 	comp         []SessionCompletion
@@ -312,7 +320,22 @@ func (s *Session) newConn(path int, peerWindow int) (*sconn, error) {
 			return nil, err
 		}
 	}
+	// Known to the session before it connects: the peer may send on it
+	// as soon as it is up, before the session's goroutine takes it in
+	// (addConn), and those completions must find their connection.
+	s.mu.Lock()
+	s.byQP[qp] = c
+	s.mu.Unlock()
 	return c, nil
+}
+
+// drop releases a connection that never joined the session.
+func (s *Session) drop(c *sconn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.byQP, c.qp)
+	c.dead = true
+	c.release()
 }
 
 // release closes a connection's queue pair and frees its memory; its
@@ -362,11 +385,13 @@ func (pd *PD) DialSession(ctx context.Context, paths []string, cfg SessionConfig
 		return nil, fmt.Errorf("gowarp: session: no path connected: %w", first)
 	}
 	s.start()
+	s.mu.Lock()
 	for p := range paths {
 		if s.conns[p] == nil {
 			s.redial(p)
 		}
 	}
+	s.mu.Unlock()
 	return s, nil
 }
 
@@ -387,18 +412,28 @@ func (s *Session) dial(ctx context.Context, p int, flags uint8) (*sconn, error) 
 	}
 	o := s.cfg.Connect
 	o.PrivateData = s.hello(p, flags)
-	if err := c.qp.Connect(ctx, s.paths[p], o); err != nil {
-		c.release()
+	s.mu.Lock()
+	addr := ""
+	if p < len(s.paths) {
+		addr = s.paths[p]
+	}
+	s.mu.Unlock()
+	if addr == "" {
+		s.drop(c)
+		return nil, errPathGone
+	}
+	if err := c.qp.Connect(ctx, addr, o); err != nil {
+		s.drop(c)
 		return nil, err
 	}
 	h, _, err := failover.ParseHello(c.qp.PeerPrivateData())
 	if err != nil || h.Flags&failover.Reply == 0 || h.Session != s.id {
-		c.release()
-		return nil, fmt.Errorf("%w: reply from %s: %v", ErrNotSession, s.paths[p], err)
+		s.drop(c)
+		return nil, fmt.Errorf("%w: reply from %s: %v", ErrNotSession, addr, err)
 	}
 	if !c.qp.Params().Extensions {
-		c.release()
-		return nil, fmt.Errorf("%w: %s did not agree to immediate data", ErrNotSession, s.paths[p])
+		s.drop(c)
+		return nil, fmt.Errorf("%w: %s did not agree to immediate data", ErrNotSession, addr)
 	}
 	s.mu.Lock()
 	if s.peerWindow == 0 {
@@ -408,9 +443,23 @@ func (s *Session) dial(ctx context.Context, p int, flags uint8) (*sconn, error) 
 	return c, nil
 }
 
+// errPathGone: a path the session no longer has (the peer moved to a
+// node with fewer addresses).
+var errPathGone = errors.New("gowarp: session path gone")
+
 // redial dials path p again in the background, with a growing pause
-// between tries, until it joins or the session closes.
+// between tries, until it joins or the session closes (under mu). A
+// rejection that carries a redirect (the session moved to another node
+// with its table) points the session's paths at the new node's
+// addresses, and the dialing goes on there.
 func (s *Session) redial(p int) {
+	if s.redialing[p] {
+		return
+	}
+	if s.redialing == nil {
+		s.redialing = map[int]bool{}
+	}
+	s.redialing[p] = true
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -421,16 +470,27 @@ func (s *Session) redial(p int) {
 			cancel()
 			if err == nil {
 				select {
-				case s.joins <- c:
+				case s.joins <- c: // addConn ends the redialing
 				case <-s.ctx.Done():
-					c.release()
+					s.drop(c)
 				}
+				return
+			}
+			if errors.Is(err, errPathGone) {
+				s.mu.Lock()
+				delete(s.redialing, p)
+				s.mu.Unlock()
 				return
 			}
 			var rej *RejectedError
 			if errors.As(err, &rej) {
-				s.fail(fmt.Errorf("%w: %w", ErrSessionLost, err))
-				return
+				addrs, _, perr := failover.ParseRedirect(rej.PrivateData)
+				if perr != nil {
+					s.fail(fmt.Errorf("%w: %w", ErrSessionLost, err))
+					return
+				}
+				s.moveTo(addrs)
+				pause = 10 * time.Millisecond
 			}
 			select {
 			case <-s.ctx.Done():
@@ -451,6 +511,14 @@ func (s *Session) start() {
 // addConn takes a connection into the session (under mu): it replaces a
 // connection of the same path, which the peer has given up on.
 func (s *Session) addConn(c *sconn) {
+	delete(s.redialing, c.path)
+	if c.dead { // it failed before it joined
+		s.maybeRelease(c)
+		if s.initiator && s.err == nil && c.path < len(s.paths) {
+			s.redial(c.path)
+		}
+		return
+	}
 	for len(s.conns) <= c.path {
 		s.conns = append(s.conns, nil)
 	}
@@ -485,6 +553,7 @@ func (s *Session) run() {
 			s.mu.Lock()
 			if s.err != nil {
 				s.mu.Unlock()
+				delete(s.byQP, c.qp)
 				c.release()
 				continue
 			}
@@ -750,7 +819,7 @@ func (s *Session) dead(c *sconn, why string) {
 	if s.tx == nil && !s.anyUp() {
 		s.downAt = time.Now()
 	}
-	if s.initiator && s.conns[c.path] == c && s.err == nil {
+	if s.initiator && s.conns[c.path] == c && s.err == nil && c.path < len(s.paths) {
 		s.redial(c.path)
 	}
 	s.maybeRelease(c)
@@ -895,6 +964,9 @@ func (s *Session) PostSend(wr *SendWR) error {
 	defer s.mu.Unlock()
 	if s.err != nil {
 		return s.err
+	}
+	if s.moving {
+		return fmt.Errorf("%w: an export is under way", ErrSessionMoved)
 	}
 	if wr.Op == OpSend && bytes > s.peerMax {
 		return fmt.Errorf("%w: a Send of %d bytes, the peer takes %d", ErrTooLong, bytes, s.peerMax)
@@ -1081,7 +1153,7 @@ func (s *Session) Close() error {
 	for {
 		select {
 		case c := <-s.joins:
-			c.release()
+			s.drop(c)
 			continue
 		default:
 		}
@@ -1098,10 +1170,14 @@ type SessionListener struct {
 	lns      []*Listener
 	mu       sync.Mutex
 	sessions map[uint64]*Session
-	accepted chan *Session
-	ctx      context.Context
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	// moved are the sessions exported (Export), each with the redirect
+	// that a connection rejoining it is rejected with.
+	moved     map[uint64][]byte
+	exporting bool // Export is under way: no new session
+	accepted  chan *Session
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // ListenSession accepts sessions on lns (an adapter's Listener for each
@@ -1112,9 +1188,21 @@ type SessionListener struct {
 // rejoining a session this side does not know, is rejected. The session
 // listener owns lns: Close closes them.
 func (pd *PD) ListenSession(cfg SessionConfig, lns ...*Listener) *SessionListener {
+	l := pd.newSessionListener(cfg, 16)
+	l.serve(lns)
+	return l
+}
+
+func (pd *PD) newSessionListener(cfg SessionConfig, backlog int) *SessionListener {
 	cfg.defaults(pd.dev)
-	l := &SessionListener{pd: pd, cfg: cfg, lns: lns, sessions: map[uint64]*Session{}, accepted: make(chan *Session, 16)}
+	l := &SessionListener{pd: pd, cfg: cfg, sessions: map[uint64]*Session{}, moved: map[uint64][]byte{}, accepted: make(chan *Session, backlog)}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
+	return l
+}
+
+// serve accepts on lns until the listener closes.
+func (l *SessionListener) serve(lns []*Listener) {
+	l.lns = lns
 	for _, ln := range lns {
 		l.wg.Add(1)
 		go func() {
@@ -1128,7 +1216,6 @@ func (pd *PD) ListenSession(cfg SessionConfig, lns ...*Listener) *SessionListene
 			}
 		}()
 	}
-	return l
 }
 
 // join takes a connection request into its session.
@@ -1143,6 +1230,11 @@ func (l *SessionListener) join(req *ConnRequest) {
 		return
 	}
 	l.mu.Lock()
+	if rd, ok := l.moved[h.Session]; ok {
+		l.mu.Unlock()
+		_ = req.Reject(rd)
+		return
+	}
 	s := l.sessions[h.Session]
 	isNew := false
 	if s != nil && s.Err() != nil {
@@ -1153,6 +1245,11 @@ func (l *SessionListener) join(req *ConnRequest) {
 		if h.Flags&failover.Rejoin != 0 {
 			l.mu.Unlock()
 			_ = req.Reject([]byte("unknown session"))
+			return
+		}
+		if l.exporting {
+			l.mu.Unlock()
+			_ = req.Reject([]byte("sessions moving"))
 			return
 		}
 		if s, err = newSession(l.pd, l.cfg, h.Session, false); err != nil {
@@ -1183,7 +1280,7 @@ func (l *SessionListener) join(req *ConnRequest) {
 			err = fmt.Errorf("%w: the peer did not offer immediate data", ErrNotSession)
 		}
 		if err != nil {
-			c.release()
+			s.drop(c)
 		}
 	} else {
 		_ = req.Reject(nil)
@@ -1213,7 +1310,7 @@ func (l *SessionListener) join(req *ConnRequest) {
 	select {
 	case s.joins <- c:
 	case <-s.ctx.Done():
-		c.release()
+		s.drop(c)
 	}
 }
 

@@ -1,7 +1,9 @@
 // Package failover is the codec of gowarp's session fail-over: the
 // header a session puts in front of each message it sends, and the
 // handshake a connection carries in its MPA private data when it joins a
-// session. Standard library only; no I/O.
+// session, the redirect a listener answers a moved session's rejoin with,
+// and the hand-off of a node's sessions to another. Standard library
+// only; no I/O.
 //
 // Header, 16 bytes, big-endian:
 //
@@ -30,6 +32,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 )
 
 // HeaderLen is the size of a Header on the wire; HelloLen of a Hello.
@@ -160,4 +163,216 @@ func ParseHello(b []byte) (Hello, int, error) {
 		return Hello{}, 0, ErrField
 	}
 	return h, HelloLen, nil
+}
+
+// Redirect is the private data a session listener rejects a rejoining
+// connection with when the session has moved to another node (see
+// gowarp's SessionListener.Export): the addresses to dial instead, one
+// per path. Big-endian:
+//
+//	0  magic "gwFR"
+//	4  version (1)
+//	5  count of addresses, 1 to MaxRedirect
+//	6  each address: its length (1 to 255), then its bytes (printable
+//	   ASCII without space: host:port)
+//
+// It must fit an MPA reject's private data (MaxRedirectLen bytes).
+const (
+	redirectMagic  = 0x67774652 // "gwFR"
+	MaxRedirect    = 255
+	MaxRedirectLen = 508
+)
+
+// AppendRedirect appends the redirect to addrs to b; ErrField if there
+// are none or too many, an address is empty, too long or not printable
+// ASCII, or the whole is longer than MaxRedirectLen.
+func AppendRedirect(b []byte, addrs []string) ([]byte, error) {
+	if len(addrs) == 0 || len(addrs) > MaxRedirect {
+		return b, fmt.Errorf("%w: %d redirect addresses, want 1 to %d", ErrField, len(addrs), MaxRedirect)
+	}
+	start := len(b)
+	b = binary.BigEndian.AppendUint32(b, redirectMagic)
+	b = append(b, version, byte(len(addrs)))
+	for _, a := range addrs {
+		if !printable(a) {
+			return b[:start], fmt.Errorf("%w: redirect address %q", ErrField, a)
+		}
+		b = append(append(b, byte(len(a))), a...)
+	}
+	if len(b)-start > MaxRedirectLen {
+		return b[:start], fmt.Errorf("%w: a redirect of %d bytes, at most %d fit", ErrField, len(b)-start, MaxRedirectLen)
+	}
+	return b, nil
+}
+
+func printable(a string) bool {
+	if len(a) == 0 || len(a) > 255 {
+		return false
+	}
+	for i := range len(a) {
+		if a[i] <= ' ' || a[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseRedirect decodes a redirect at the start of b and returns its
+// addresses and the bytes it took.
+func ParseRedirect(b []byte) ([]string, int, error) {
+	if len(b) < 6 {
+		return nil, 0, ErrShort
+	}
+	if binary.BigEndian.Uint32(b) != redirectMagic {
+		return nil, 0, ErrMagic
+	}
+	if b[4] != version {
+		return nil, 0, ErrVersion
+	}
+	n := int(b[5])
+	if n == 0 {
+		return nil, 0, fmt.Errorf("%w: a redirect to no address", ErrField)
+	}
+	addrs := make([]string, 0, n)
+	off := 6
+	for range n {
+		if off >= len(b) {
+			return nil, 0, ErrShort
+		}
+		l := int(b[off])
+		if off+1+l > len(b) {
+			return nil, 0, ErrShort
+		}
+		a := string(b[off+1 : off+1+l])
+		if !printable(a) {
+			return nil, 0, fmt.Errorf("%w: redirect address %q", ErrField, a)
+		}
+		addrs = append(addrs, a)
+		off += 1 + l
+	}
+	return addrs, off, nil
+}
+
+// Handoff is the state of a node's sessions that moves with their STag
+// table to another node (gowarp's SessionListener.Export): it travels in
+// the export stream in front of the table. Big-endian:
+//
+//	0  magic "gwSX"
+//	4  version (1)
+//	5  reserved, zero (3 bytes)
+//	8  length of the whole block, this prefix and the CRC included
+//	12 count of sessions
+//	16 anchor: an STag of the listening protection domain's, 0 if it
+//	   had no region (the importer finds the imported PD by it)
+//	20 count × SessionStateLen bytes, each:
+//	   0  session id
+//	   8  delivered: the peer's messages delivered to the application
+//	   16 sent: this side's messages sent, every one acknowledged
+//	   24 the peer's max message
+//	   28 this side's max message
+//	   32 the peer's window
+//	   34 this side's window
+//	   36 reserved, zero (4 bytes)
+//	end CRC32c (Castagnoli) of everything before it
+type Handoff struct {
+	Anchor   uint32
+	Sessions []SessionState
+}
+
+// SessionState is one session's part of a Handoff.
+type SessionState struct {
+	ID                    uint64
+	Delivered, Sent       uint64
+	PeerMax, OwnMax       uint32
+	PeerWindow, OwnWindow uint16
+}
+
+// Sizes of a Handoff's parts.
+const (
+	HandoffPrefixLen = 12
+	SessionStateLen  = 40
+	handoffFixed     = 20 + 4     // before the sessions, and the CRC
+	handoffMagic     = 0x67775358 // "gwSX"
+	// MaxHandoffSessions bounds a Handoff's count, so that a reader
+	// never allocates more than 40 MiB for one.
+	MaxHandoffSessions = 1 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Append appends h's encoding to b.
+func (h Handoff) Append(b []byte) []byte {
+	start := len(b)
+	b = binary.BigEndian.AppendUint32(b, handoffMagic)
+	b = append(b, version, 0, 0, 0)
+	b = binary.BigEndian.AppendUint32(b, uint32(handoffFixed+SessionStateLen*len(h.Sessions)))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(h.Sessions)))
+	b = binary.BigEndian.AppendUint32(b, h.Anchor)
+	for _, s := range h.Sessions {
+		b = binary.BigEndian.AppendUint64(b, s.ID)
+		b = binary.BigEndian.AppendUint64(b, s.Delivered)
+		b = binary.BigEndian.AppendUint64(b, s.Sent)
+		b = binary.BigEndian.AppendUint32(b, s.PeerMax)
+		b = binary.BigEndian.AppendUint32(b, s.OwnMax)
+		b = binary.BigEndian.AppendUint16(b, s.PeerWindow)
+		b = binary.BigEndian.AppendUint16(b, s.OwnWindow)
+		b = append(b, 0, 0, 0, 0)
+	}
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
+}
+
+// HandoffLen returns the length of the whole Handoff that the
+// HandoffPrefixLen bytes of prefix begin, so a reader knows how much to
+// read: ErrMagic, ErrVersion or ErrField for a prefix that is not one.
+func HandoffLen(prefix []byte) (int, error) {
+	if len(prefix) < HandoffPrefixLen {
+		return 0, ErrShort
+	}
+	if binary.BigEndian.Uint32(prefix) != handoffMagic {
+		return 0, ErrMagic
+	}
+	if prefix[4] != version {
+		return 0, ErrVersion
+	}
+	if prefix[5]|prefix[6]|prefix[7] != 0 {
+		return 0, ErrField
+	}
+	n := binary.BigEndian.Uint32(prefix[8:])
+	if n < handoffFixed || (n-handoffFixed)%SessionStateLen != 0 || (n-handoffFixed)/SessionStateLen > MaxHandoffSessions {
+		return 0, fmt.Errorf("%w: a session hand-off of %d bytes", ErrField, n)
+	}
+	return int(n), nil
+}
+
+// ParseHandoff decodes a whole Handoff from b (exactly HandoffLen bytes
+// of it) and returns it and the bytes it took.
+func ParseHandoff(b []byte) (Handoff, int, error) {
+	n, err := HandoffLen(b)
+	if err != nil {
+		return Handoff{}, 0, err
+	}
+	if len(b) < n {
+		return Handoff{}, 0, ErrShort
+	}
+	if crc32.Checksum(b[:n-4], castagnoli) != binary.BigEndian.Uint32(b[n-4:]) {
+		return Handoff{}, 0, fmt.Errorf("%w: session hand-off CRC", ErrField)
+	}
+	count := binary.BigEndian.Uint32(b[12:])
+	if int(count) != (n-handoffFixed)/SessionStateLen {
+		return Handoff{}, 0, fmt.Errorf("%w: %d sessions in a hand-off of %d bytes", ErrField, count, n)
+	}
+	h := Handoff{Anchor: binary.BigEndian.Uint32(b[16:]), Sessions: make([]SessionState, count)}
+	seen := make(map[uint64]bool, count)
+	for i := range h.Sessions {
+		p := b[20+i*SessionStateLen:]
+		s := SessionState{ID: binary.BigEndian.Uint64(p), Delivered: binary.BigEndian.Uint64(p[8:]), Sent: binary.BigEndian.Uint64(p[16:]),
+			PeerMax: binary.BigEndian.Uint32(p[24:]), OwnMax: binary.BigEndian.Uint32(p[28:]),
+			PeerWindow: binary.BigEndian.Uint16(p[32:]), OwnWindow: binary.BigEndian.Uint16(p[34:])}
+		if s.PeerMax == 0 || s.OwnMax == 0 || s.PeerWindow == 0 || s.OwnWindow == 0 || p[36]|p[37]|p[38]|p[39] != 0 || seen[s.ID] {
+			return Handoff{}, 0, fmt.Errorf("%w: session %d of the hand-off", ErrField, i)
+		}
+		seen[s.ID] = true
+		h.Sessions[i] = s
+	}
+	return h, n, nil
 }

@@ -3,6 +3,8 @@ package failover
 import (
 	"bytes"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -113,6 +115,92 @@ func FuzzHello(f *testing.F) {
 	f.Add([]byte("gwFS"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, n, err := ParseHello(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(h.Append(nil), b[:n]) {
+			t.Fatalf("%x parsed as %+v, which encodes differently", b[:n], h)
+		}
+	})
+}
+
+func TestRedirect(t *testing.T) {
+	addrs := []string{"10.214.1.1:7000", "[fd00::1]:7001"}
+	b, err := AppendRedirect([]byte("x"), addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, n, err := ParseRedirect(b[1:])
+	if err != nil || n != len(b)-1 || !slices.Equal(got, addrs) {
+		t.Fatalf("parsed %q, %d, %v", got, n, err)
+	}
+	for _, bad := range [][]string{nil, {""}, {"a b:1"}, {"\x7f"}, {strings.Repeat("a", 256)}, slices.Repeat([]string{strings.Repeat("a", 100)}, 6)} {
+		if _, err := AppendRedirect(nil, bad); !errors.Is(err, ErrField) {
+			t.Errorf("AppendRedirect(%d addresses): %v, want ErrField", len(bad), err)
+		}
+	}
+	for i := range len(b) - 1 {
+		if _, _, err := ParseRedirect(b[1 : 1+i]); err == nil {
+			t.Errorf("redirect cut to %d bytes parsed", i)
+		}
+	}
+}
+
+func TestHandoff(t *testing.T) {
+	h := Handoff{Anchor: 0x123456, Sessions: []SessionState{
+		{ID: 1, Delivered: 7, Sent: 9, PeerMax: 4096, OwnMax: 65536, PeerWindow: 16, OwnWindow: 32},
+		{ID: 1<<64 - 1, PeerMax: 1, OwnMax: 1, PeerWindow: 1, OwnWindow: 1},
+	}}
+	b := h.Append(nil)
+	if n, err := HandoffLen(b); err != nil || n != len(b) {
+		t.Fatalf("HandoffLen: %d, %v, want %d", n, err, len(b))
+	}
+	got, n, err := ParseHandoff(b)
+	if err != nil || n != len(b) || got.Anchor != h.Anchor || !slices.Equal(got.Sessions, h.Sessions) {
+		t.Fatalf("parsed %+v, %d, %v", got, n, err)
+	}
+	for i := range b {
+		c := bytes.Clone(b)
+		c[i] ^= 0x10
+		if _, _, err := ParseHandoff(c); err == nil {
+			t.Errorf("a hand-off with byte %d flipped parsed", i)
+		}
+		if _, _, err := ParseHandoff(b[:i]); err == nil {
+			t.Errorf("a hand-off cut to %d bytes parsed", i)
+		}
+	}
+	dup := Handoff{Sessions: []SessionState{h.Sessions[0], h.Sessions[0]}}.Append(nil)
+	if _, _, err := ParseHandoff(dup); !errors.Is(err, ErrField) {
+		t.Errorf("a hand-off naming a session twice: %v, want ErrField", err)
+	}
+}
+
+// FuzzRedirect: a redirect that parses encodes back to the same bytes.
+func FuzzRedirect(f *testing.F) {
+	b, _ := AppendRedirect(nil, []string{"10.0.0.1:7000", "h:1"})
+	f.Add(b)
+	f.Add([]byte("gwFR\x01\x01\x03a:1"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		addrs, n, err := ParseRedirect(b)
+		if err != nil {
+			return
+		}
+		e, err := AppendRedirect(nil, addrs)
+		if err != nil && n <= MaxRedirectLen {
+			t.Fatalf("%x parsed as %q, which does not encode: %v", b[:n], addrs, err)
+		}
+		if err == nil && !bytes.Equal(e, b[:n]) {
+			t.Fatalf("%x parsed as %q, which encodes differently", b[:n], addrs)
+		}
+	})
+}
+
+// FuzzHandoff: a hand-off that parses encodes back to the same bytes.
+func FuzzHandoff(f *testing.F) {
+	f.Add(Handoff{Anchor: 5, Sessions: []SessionState{{ID: 3, Delivered: 1, Sent: 2, PeerMax: 9, OwnMax: 9, PeerWindow: 4, OwnWindow: 4}}}.Append(nil))
+	f.Add(Handoff{}.Append(nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, n, err := ParseHandoff(b)
 		if err != nil {
 			return
 		}

@@ -429,3 +429,21 @@ func importFile(e ExportRegion, open func(string) (*os.File, error)) (*fileMap, 
 	}
 	return mapFile(f, e.FileOff, int64(e.Length))
 }
+
+// PDRegion returns the STag of the valid region of protection domain pd
+// with the lowest index, false if pd has none: what an importer finds
+// the protection domain by (a session hand-off names its listener's so).
+func (t *Table) PDRegion(pd uint32) (STag, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var best *Region
+	for _, r := range t.regions {
+		if r.pd == pd && r.valid.Load() && (best == nil || r.stag.Index() < best.stag.Index()) {
+			best = r
+		}
+	}
+	if best == nil {
+		return 0, false
+	}
+	return best.stag, true
+}
