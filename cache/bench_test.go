@@ -60,12 +60,14 @@ func key4K(i int) string { return keys4K[i] }
 
 // BenchmarkLookupRead1M: a lookup of a 1 MiB value, by the control path
 // or the index, then its Read, 2 at a time.
-func BenchmarkLookupRead1MControl(b *testing.B) { benchLookupRead1M(b, cache.LookupControl) }
-func BenchmarkLookupRead1MIndex(b *testing.B)   { benchLookupRead1M(b, cache.LookupIndex) }
+func BenchmarkLookupRead1MControl(b *testing.B)       { benchLookupRead1M(b, cache.LookupControl, 1) }
+func BenchmarkLookupRead1MControl2Conns(b *testing.B) { benchLookupRead1M(b, cache.LookupControl, 2) }
+func BenchmarkLookupRead1MIndex(b *testing.B)         { benchLookupRead1M(b, cache.LookupIndex, 1) }
+func BenchmarkLookupRead1MIndex2Conns(b *testing.B)   { benchLookupRead1M(b, cache.LookupIndex, 2) }
 
-func benchLookupRead1M(b *testing.B, lookup cache.LookupMode) {
+func benchLookupRead1M(b *testing.B, lookup cache.LookupMode, conns int) {
 	addr, _, _ := startServer(b, cache.ServerOptions{})
-	c := dial(b, addr, cache.ClientOptions{Lookup: lookup})
+	c := dial(b, addr, cache.ClientOptions{Lookup: lookup, Conns: conns})
 	ctx := ctxT(b)
 	v := value(1, 1<<20)
 	for i := range 10 {
