@@ -132,8 +132,21 @@ func (m *migServer) run(ctx context.Context, s *gowarp.Session, pd *gowarp.PD, p
 // received once, in order (on node A, then on node B); the client's Reads
 // after the move, with its old STag, find the words its Writes wrote; and
 // every Write's word, before the move or after, is in node B's region at
-// the end. Its figure: the pause the client saw.
+// the end. Its figure: the pause the client saw. In /redirect node A's
+// listener sends the client on; in /resolve node A gives no address and
+// closes its listener as soon as the export is done, and the client finds
+// node B through its SessionConfig.Resolve.
 func TestMigrateSessionUnderLoad(t *testing.T) {
+	for _, resolve := range []bool{false, true} {
+		name := "redirect"
+		if resolve {
+			name = "resolve"
+		}
+		t.Run(name, func(t *testing.T) { testMigrateSession(t, resolve) })
+	}
+}
+
+func testMigrateSession(t *testing.T, resolve bool) {
 	n := netns.NewLinks(t, 1500, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -189,7 +202,14 @@ func TestMigrateSessionUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	cpd := cdev.AllocPD()
-	cli, err := cpd.DialSession(ctx, []string{lnA.Addr().String()}, cfg)
+	ccfg := cfg
+	var redirect []string
+	if resolve {
+		ccfg.Resolve = func(context.Context, uint64) ([]string, error) { return []string{lnB.Addr().String()}, nil }
+	} else {
+		redirect = []string{lnB.Addr().String()}
+	}
+	cli, err := cpd.DialSession(ctx, []string{lnA.Addr().String()}, ccfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,10 +268,13 @@ func TestMigrateSessionUnderLoad(t *testing.T) {
 	moveAt := time.Now()
 	close(srv.pause)
 	<-srv.paused
-	est, err := slA.Export(ctx, conn, []string{lnB.Addr().String()})
+	est, err := slA.Export(ctx, conn, redirect)
 	conn.Close()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if resolve {
+		slA.Close() // node A goes away at once: no one there to ask
 	}
 	if err := <-srvA; !errors.Is(err, gowarp.ErrSessionMoved) {
 		t.Fatalf("node A's server stream ended with %v, want ErrSessionMoved", err)
@@ -277,8 +300,11 @@ func TestMigrateSessionUnderLoad(t *testing.T) {
 	// The client is sent on to node B; then node A goes away.
 	waitFor(t, "the client rejoined on node B", func() bool {
 		st := cli.Stats()
-		return st.Redirects == 1 && st.Conns == 1 && im.s.Stats().Conns == 1
+		return st.Redirects+st.Resolved > 0 && st.Conns == 1 && im.s.Stats().Conns == 1
 	})
+	if st := cli.Stats(); resolve && (st.Resolved != 1 || st.Redirects != 0) || !resolve && (st.Redirects != 1 || st.Resolved != 0) {
+		t.Fatalf("the client was redirected %d times and resolved %d, want once by the %s", st.Redirects, st.Resolved, map[bool]string{false: "redirect", true: "resolver"}[resolve])
+	}
 	if p := cli.Paths(); !slices.Equal(p, []string{lnB.Addr().String()}) {
 		t.Fatalf("the client's paths are %q, want node B's %s", p, lnB.Addr())
 	}
@@ -358,7 +384,7 @@ func TestMigrateSessionBadStream(t *testing.T) {
 	sl := pd.ListenSession(gowarp.SessionConfig{})
 	defer sl.Close()
 	var b bytes.Buffer
-	for _, bad := range [][]string{nil, {""}, {"has space:1"}} {
+	for _, bad := range [][]string{{""}, {"has space:1"}} {
 		if _, err := sl.Export(ctx, &b, bad); !errors.Is(err, gowarp.ErrBadConfig) || b.Len() != 0 || dev.DefaultTable().Frozen() {
 			t.Errorf("Export redirecting to %q: %v, %d bytes written, frozen %v", bad, err, b.Len(), dev.DefaultTable().Frozen())
 		}

@@ -67,6 +67,14 @@ type SessionConfig struct {
 	Connect ConnectOptions
 	// Logger receives the session's fail-overs (default the device's).
 	Logger *slog.Logger
+	// Resolve, if set, is asked where the peer is now when a dial fails
+	// while the session has no connection up, or when the peer rejects a
+	// rejoin saying the session moved without saying where: it returns
+	// the addresses to dial, one per path (the node the session moved to
+	// with its table, see SessionListener.Export), or an error to keep
+	// trying the old ones. An initiator's setting; it runs on the
+	// session's redial goroutines, each call bounded by ctx.
+	Resolve func(ctx context.Context, session uint64) ([]string, error)
 }
 
 func (c *SessionConfig) defaults(d *Device) {
@@ -117,6 +125,7 @@ type SessionStats struct {
 	Duplicates uint64 // messages from the peer dropped as already received
 	Joins      uint64 // connections that joined after the first
 	Redirects  uint64 // times the peer sent this side to another node
+	Resolved   uint64 // times SessionConfig.Resolve gave new addresses
 	// LastFailover is when the last fail-over began: the connection was
 	// found dead.
 	LastFailover time.Time
@@ -483,14 +492,26 @@ func (s *Session) redial(p int) {
 				return
 			}
 			var rej *RejectedError
-			if errors.As(err, &rej) {
+			switch {
+			case errors.As(err, &rej):
 				addrs, _, perr := failover.ParseRedirect(rej.PrivateData)
-				if perr != nil {
+				switch {
+				case perr != nil:
 					s.fail(fmt.Errorf("%w: %w", ErrSessionLost, err))
 					return
+				case len(addrs) > 0:
+					s.moveTo(addrs, false)
+				case s.cfg.Resolve == nil:
+					s.fail(fmt.Errorf("%w: the peer moved without saying where, and the session has no Resolve", ErrSessionLost))
+					return
+				default:
+					s.resolve()
 				}
-				s.moveTo(addrs)
 				pause = 10 * time.Millisecond
+			case s.cfg.Resolve != nil:
+				if s.resolve() {
+					pause = 10 * time.Millisecond
+				}
 			}
 			select {
 			case <-s.ctx.Done():

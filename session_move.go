@@ -18,15 +18,19 @@ import (
 // moveTo points the initiator's paths at addrs, the addresses a redirect
 // gave: every connection still up is ended (it reaches the old node) and
 // every path is dialed at its new address.
-func (s *Session) moveTo(addrs []string) {
+func (s *Session) moveTo(addrs []string, resolved bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.err != nil || slices.Equal(addrs, s.paths) {
-		return // another path's redirect came first
+	if s.err != nil || len(addrs) == 0 || len(addrs) > 255 || slices.Equal(addrs, s.paths) {
+		return false // another path's redirect came first
 	}
 	old := len(s.paths)
 	s.paths = slices.Clone(addrs)
-	s.stats.Redirects++
+	if resolved {
+		s.stats.Resolved++
+	} else {
+		s.stats.Redirects++
+	}
 	s.log.Info("gowarp session: the peer moved", "id", s.id, "to", addrs)
 	for len(s.conns) < len(addrs) {
 		s.conns = append(s.conns, nil)
@@ -39,6 +43,26 @@ func (s *Session) moveTo(addrs []string) {
 	for p := old; p < len(addrs); p++ {
 		s.redial(p)
 	}
+	return true
+}
+
+// resolve asks SessionConfig.Resolve where the peer is, if no connection
+// of the session is up, and moves there; it reports whether it moved.
+func (s *Session) resolve() bool {
+	s.mu.Lock()
+	up := s.anyUp()
+	s.mu.Unlock()
+	if up {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HeartbeatTimeout)
+	addrs, err := s.cfg.Resolve(ctx, s.id)
+	cancel()
+	if err != nil {
+		s.log.Info("gowarp session: Resolve failed", "id", s.id, "err", err)
+		return false
+	}
+	return s.moveTo(addrs, true)
 }
 
 // Paths returns the addresses the session dials, one per path: those
@@ -108,7 +132,10 @@ type SessionExportStats struct {
 // rejoining it is rejected with them, and the peer's session dials them
 // instead (Session.Paths). Keep this listener open until the peers have
 // rejoined on the new node: a peer that comes here after it closed finds
-// no one to send it on.
+// no one to send it on, unless its SessionConfig.Resolve tells it where
+// to go. With no redirect the rejection says only that the session
+// moved, and the peer asks its Resolve (a peer without one fails with
+// ErrSessionLost).
 //
 // In order: PostSend on the sessions fails with ErrSessionMoved from the
 // start; the export waits (until ctx is done) for the work this side

@@ -172,7 +172,8 @@ func ParseHello(b []byte) (Hello, int, error) {
 //
 //	0  magic "gwFR"
 //	4  version (1)
-//	5  count of addresses, 1 to MaxRedirect
+//	5  count of addresses, 0 to MaxRedirect (0: moved, ask elsewhere
+//	   where to)
 //	6  each address: its length (1 to 255), then its bytes (printable
 //	   ASCII without space: host:port)
 //
@@ -184,11 +185,11 @@ const (
 )
 
 // AppendRedirect appends the redirect to addrs to b; ErrField if there
-// are none or too many, an address is empty, too long or not printable
-// ASCII, or the whole is longer than MaxRedirectLen.
+// are too many, an address is empty, too long or not printable ASCII, or
+// the whole is longer than MaxRedirectLen.
 func AppendRedirect(b []byte, addrs []string) ([]byte, error) {
-	if len(addrs) == 0 || len(addrs) > MaxRedirect {
-		return b, fmt.Errorf("%w: %d redirect addresses, want 1 to %d", ErrField, len(addrs), MaxRedirect)
+	if len(addrs) > MaxRedirect {
+		return b, fmt.Errorf("%w: %d redirect addresses, want at most %d", ErrField, len(addrs), MaxRedirect)
 	}
 	start := len(b)
 	b = binary.BigEndian.AppendUint32(b, redirectMagic)
@@ -230,9 +231,6 @@ func ParseRedirect(b []byte) ([]string, int, error) {
 		return nil, 0, ErrVersion
 	}
 	n := int(b[5])
-	if n == 0 {
-		return nil, 0, fmt.Errorf("%w: a redirect to no address", ErrField)
-	}
 	addrs := make([]string, 0, n)
 	off := 6
 	for range n {

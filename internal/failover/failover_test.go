@@ -134,7 +134,12 @@ func TestRedirect(t *testing.T) {
 	if err != nil || n != len(b)-1 || !slices.Equal(got, addrs) {
 		t.Fatalf("parsed %q, %d, %v", got, n, err)
 	}
-	for _, bad := range [][]string{nil, {""}, {"a b:1"}, {"\x7f"}, {strings.Repeat("a", 256)}, slices.Repeat([]string{strings.Repeat("a", 100)}, 6)} {
+	if b, err := AppendRedirect(nil, nil); err != nil || len(b) != 6 {
+		t.Errorf("a redirect to nowhere: %x, %v", b, err)
+	} else if got, n, err := ParseRedirect(b); err != nil || n != 6 || len(got) != 0 {
+		t.Errorf("a redirect to nowhere parsed as %q, %d, %v", got, n, err)
+	}
+	for _, bad := range [][]string{{""}, {"a b:1"}, {"\x7f"}, {strings.Repeat("a", 256)}, slices.Repeat([]string{strings.Repeat("a", 100)}, 6)} {
 		if _, err := AppendRedirect(nil, bad); !errors.Is(err, ErrField) {
 			t.Errorf("AppendRedirect(%d addresses): %v, want ErrField", len(bad), err)
 		}
