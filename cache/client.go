@@ -278,15 +278,15 @@ func (c *Client) GetInto(ctx context.Context, key string, dst []byte, o GetOptio
 			}
 		}
 		if e == nil {
-			r, err := cc.callIn(ctx, s, &Msg{Op: OpGet, Key: []byte(key)}, func(r *Msg) {
-				if r.Flags&FlagInline != 0 {
-					out = append(dst[:0], r.Value...)
-				}
-			})
+			s.inline, s.inlineCopy = dst[:0], true
+			r, err := cc.callIn(ctx, s, &Msg{Op: OpGet, Key: []byte(key)}, nil)
+			got := s.inline
+			s.inline, s.inlineCopy = nil, false
 			if err != nil {
 				return err
 			}
 			if r.Flags&FlagInline != 0 {
+				out = got
 				return nil
 			}
 			e = entryOf(key, r)
@@ -612,12 +612,16 @@ type cslot struct {
 	abandoned atomic.Bool
 	gaveUp    bool // the caller abandoned the slot: the reply frees it
 	onReply   func(*Msg)
-	reply     Msg
-	status    Status
-	text      []byte
-	addrs     []Addr
-	wrs       []gowarp.SendWR
-	sges      []gowarp.SGE
+	// inlineCopy: a get's inline value is appended to inline (the
+	// caller's buffer) as its reply is delivered, without a closure.
+	inlineCopy bool
+	inline     []byte
+	reply      Msg
+	status     Status
+	text       []byte
+	addrs      []Addr
+	wrs        []gowarp.SendWR
+	sges       []gowarp.SGE
 }
 
 func (c *Client) dial(ctx context.Context) (*cliConn, error) {
@@ -833,11 +837,17 @@ func (cc *cliConn) onReply(k, n int, m *Msg) error {
 	}
 	s.reply = Msg{Op: m.Op, Flags: m.Flags, Status: m.Status, ID: m.ID, Gen: m.Gen, Size: m.Size}
 	s.status = m.Status
-	s.text = append(s.text[:0], m.Value...)
+	s.text = s.text[:0]
+	if m.Status != StatusOK { // the error's text; a value goes to onReply or inline
+		s.text = append(s.text, m.Value...)
+	}
 	s.addrs = append(s.addrs[:0], m.Addrs...)
 	s.reply.Addrs = s.addrs
 	if s.onReply != nil && m.Status == StatusOK {
 		s.onReply(m) // while m still aliases the receive buffer
+	}
+	if s.inlineCopy && m.Status == StatusOK && m.Flags&FlagInline != 0 {
+		s.inline = append(s.inline, m.Value...)
 	}
 	s.reply.Value = s.text
 	if err := cc.qp.PostRecv(&cc.recvs[k]); err != nil {
