@@ -8,3 +8,33 @@ func DebugSession(s *Session) string {
 	return fmt.Sprintf("head %d posted %d tail %d nextSeq %d peerAck %d rcvd %d dlvd %d recvs %d-%d comp %d-%d pw %d tx %v ackTo %v err %v",
 		s.head, s.posted, s.tail, s.nextSeq, s.peerAck, s.rcvd, s.dlvd, s.rHead, s.rTail, s.cHead, s.cTail, s.peerWindow, s.tx != nil, s.ackTo != nil, s.err)
 }
+
+// StallSession stops the goroutine of s before it takes its next event,
+// and returns once it has stopped; the returned func lets it go on.
+func StallSession(s *Session) (release func()) {
+	gate, parked := make(chan struct{}), make(chan struct{}, 1)
+	h := func(x *Session) {
+		if x == s {
+			select {
+			case parked <- struct{}{}:
+			default:
+			}
+			<-gate
+		}
+	}
+	runHook.Store(&h)
+	<-parked
+	return func() {
+		runHook.Store(nil)
+		close(gate)
+	}
+}
+
+// CloseSessionPath closes the queue pair of the session's path p, as a
+// dead link would end it.
+func CloseSessionPath(s *Session, p int) {
+	s.mu.Lock()
+	qp := s.conns[p].qp
+	s.mu.Unlock()
+	qp.Close()
+}

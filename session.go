@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gowarp/gowarp/internal/failover"
@@ -558,6 +559,10 @@ func (s *Session) addConn(c *sconn) {
 	}
 }
 
+// runHook, if set, is called by every session's goroutine before it
+// waits for its next event: tests use it to hold a session still.
+var runHook atomic.Pointer[func(*Session)]
+
 // run is the session's goroutine: it takes every connection's
 // completions, delivers, acknowledges, probes and fails over.
 func (s *Session) run() {
@@ -565,6 +570,9 @@ func (s *Session) run() {
 	tick := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	for {
+		if h := runHook.Load(); h != nil {
+			(*h)(s)
+		}
 		select {
 		case <-s.cq.Notify():
 			s.mu.Lock()
