@@ -1248,6 +1248,19 @@ func (l *SessionListener) serve(lns []*Listener) {
 }
 
 // join takes a connection request into its session.
+// adopt makes s one of the listener's sessions, under its id, until it
+// ends. l.mu is held.
+func (l *SessionListener) adopt(s *Session) {
+	s.forget = func() {
+		l.mu.Lock()
+		if l.sessions[s.id] == s {
+			delete(l.sessions, s.id)
+		}
+		l.mu.Unlock()
+	}
+	l.sessions[s.id] = s
+}
+
 func (l *SessionListener) join(req *ConnRequest) {
 	h, _, err := failover.ParseHello(req.PrivateData())
 	if err == nil && h.Flags&failover.Reply != 0 {
@@ -1287,14 +1300,7 @@ func (l *SessionListener) join(req *ConnRequest) {
 			return
 		}
 		s.peerWindow, s.peerMax = uint64(h.Window), int(h.MaxMessage)
-		s.forget = func() {
-			l.mu.Lock()
-			if l.sessions[s.id] == s {
-				delete(l.sessions, s.id)
-			}
-			l.mu.Unlock()
-		}
-		l.sessions[h.Session] = s
+		l.adopt(s)
 		isNew = true
 	}
 	l.mu.Unlock()

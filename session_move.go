@@ -333,14 +333,7 @@ func (si *SessionImport) Listen(cfg SessionConfig, lns ...*Listener) (*SessionLi
 		s.peerWindow, s.peerMax = uint64(st.PeerWindow), int(st.PeerMax)
 		s.rcvd, s.dlvd = st.Delivered, st.Delivered
 		s.nextSeq, s.peerAck = st.Sent, st.Sent
-		s.forget = func() {
-			l.mu.Lock()
-			if l.sessions[s.id] == s {
-				delete(l.sessions, s.id)
-			}
-			l.mu.Unlock()
-		}
-		l.sessions[st.ID] = s
+		l.adopt(s)
 		made = append(made, s)
 	}
 	for _, s := range made {
