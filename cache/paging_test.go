@@ -196,3 +196,39 @@ func TestConcurrentClients(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestBudgetAfterLargePut: a value larger than the budget holds its
+// blocks in memory while it is written; once it is committed the server
+// is back under the budget without waiting for another page-in, and the
+// value still reads back whole, by Get and one-sided.
+func TestBudgetAfterLargePut(t *testing.T) {
+	const bs = 64 << 10
+	addr, srv, _ := startServer(t, cache.ServerOptions{BlockSize: bs, Budget: 3 * bs})
+	c := dial(t, addr, cache.ClientOptions{})
+	ctx := ctxT(t)
+	big := value(7, 12*bs)
+	if err := c.Put(ctx, "big", big, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if st := srv.Stats(); st.Resident > 3 {
+		t.Fatalf("after a put of 12 blocks: %d blocks resident, budget 3", st.Resident)
+	}
+	// Small puts land in the open block: no page-in to trim on.
+	for i := range 4 {
+		if err := c.Put(ctx, fmt.Sprintf("s%d", i), value(uint64(i), 100), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := srv.Stats(); st.Resident > 3 {
+		t.Fatalf("after small puts: %d blocks resident, budget 3", st.Resident)
+	}
+	got, err := c.Get(ctx, "big")
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("get big: %d bytes, %v", len(got), err)
+	}
+	dst, _ := c.PD().Register(make([]byte, len(big)), gowarp.LocalWrite)
+	n, err := c.ReadAt(ctx, "big", dst, 0, len(big), 0)
+	if err != nil || !bytes.Equal(dst.Bytes()[:n], big) {
+		t.Fatalf("ReadAt big: %d bytes, %v", n, err)
+	}
+}

@@ -517,6 +517,11 @@ func (s *store) releaseSpan(e extent, pinned, live bool) {
 	b := s.blocks[e.block]
 	if pinned {
 		b.pins--
+		// A value larger than the budget held blocks over it while it
+		// was written; now they may go, or memory stays over the budget
+		// until the next page-in.
+		for b.pins == 0 && s.resident > s.maxRes && s.evict() {
+		}
 	}
 	if live {
 		b.live -= e.span()
