@@ -64,9 +64,9 @@ type shmLink struct {
 	// a full ring before it sleeps. The bounds are shmSpinMin and shmSpin
 	// but for tests that make every wait sleep.
 	rspin, spinMin, spinMax, wspin time.Duration
-	// rrun and wrun are the reader's and the writer's look at the
-	// goroutines waiting for a processor (see yield).
-	rrun, wrun shmRunnable
+	// rwaiter and wwaiter are the reader's and the writer's spinning state
+	// (see shmWaiter.spin).
+	rwaiter, wwaiter shmWaiter
 	// rsleeps and wsleeps count the times the reader and the writer set
 	// their waiting word to sleep (each side's own; for tests).
 	rsleeps, wsleeps int
@@ -104,6 +104,20 @@ const (
 	// a reader whose waits keep ending asleep soon sleeps at once, paying
 	// what a TCP reader pays.
 	shmSpinMin = 2 * time.Microsecond
+	// shmYieldSlow, shmSlowPair, shmNoYield and shmSpinNoYield: two
+	// sched_yields less than shmSlowPair apart that each took longer than
+	// shmYieldSlow stop the waits' yields for shmNoYield, and a wait then
+	// spins at most shmSpinNoYield before it sleeps (see shmWaiter.spin).
+	// A yield to a peer sharing the CPU takes what the peer's turn takes:
+	// in a 64 KiB write_bw at load 3, the writer's were mostly under
+	// 250 µs and 4-10 a second over a millisecond (so one alone proves
+	// nothing); one behind busy threads of equal priority takes
+	// milliseconds every time, and two of those per shmNoYield cost a
+	// few percent.
+	shmYieldSlow   = time.Millisecond
+	shmSlowPair    = 20 * time.Millisecond
+	shmNoYield     = 200 * time.Millisecond
+	shmSpinNoYield = 20 * time.Microsecond
 	// shmStagedMax bounds a read into the staging buffer (one vector,
 	// not the payload's place): the core parses a header from it and
 	// asks for the payload's rest in place, copied once, rather than
@@ -136,7 +150,7 @@ func newShmRing(ctrl, data []byte) shmRing {
 // doorbell; full is the link timeout (negative: none).
 func newShmLink(c net.Conn, m *cm.SharedMemory, full time.Duration) Link {
 	l := &shmLink{c: c, m: m, full: full, rspin: shmSpin, spinMin: shmSpinMin, spinMax: shmSpin, wspin: shmSpin,
-		rrun: newShmRunnable(), wrun: newShmRunnable()}
+		rwaiter: newShmWaiter(), wwaiter: newShmWaiter()}
 	l.conn = shmConn{Conn: c, l: l}
 	in, out := newShmRing(m.Ctrl(0), m.Data(0)), newShmRing(m.Ctrl(1), m.Data(1))
 	in.race, out.race = shmRaceAddr(m.ID(), 0), shmRaceAddr(m.ID(), 1)
@@ -229,10 +243,7 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 		if i == 0 {
 			spinStart = time.Now()
 		}
-		if l.rspin > 0 && (i&63 != 63 || time.Since(spinStart) < l.rspin) {
-			if i&15 == 15 {
-				yield(&l.rrun)
-			}
+		if l.rspin > 0 && (i&15 != 15 || l.rwaiter.spin(spinStart, l.rspin)) {
 			continue
 		}
 		slept = true
@@ -270,34 +281,77 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 // word: it widens the window in which the peer moves the ring.
 var testHookShmSleep func()
 
-// yield gives the processor away while a call spins: with sched_yield
-// to the other threads of the host, the peer's among them, and, when
-// goroutines of this process wait for a processor (the peer's, in one
-// process), to them. On a host with more runnable threads than
-// processors the peer often waits for the very processor the spinner
-// holds: between two processes at load 19 on 2 cores, 8-byte write_lat's
-// median was 14-16 µs with sched_yield and 120-150 µs in most runs
-// without (1.3 µs in the others; TCP's 24), and 64 KiB write_bw 7.2-11.8
-// GB/s against 2.8.
+// shmWaiter is what a reader or a writer keeps between its waits: its
+// look at the goroutines of its process waiting for a processor, and
+// until when it spins without sched_yield.
+type shmWaiter struct {
+	run     shmRunnable
+	noYield time.Time // no sched_yield before then
+	slow    time.Time // when the last slow yield ended
+}
+
+func newShmWaiter() shmWaiter { return shmWaiter{run: newShmRunnable()} }
+
+// spin is a spinning wait's step every 16 looks at the ring: it reports
+// whether the wait, started at start, goes on spinning (false once it has
+// spun budget: it sleeps), and gives the processor away meanwhile.
 //
-// runtime.Gosched is called only when a goroutine is runnable: with a
-// processor idle (two processes, each with a goroutine spinning) it put
-// the spinner on the global queue and woke an idle thread to take it,
-// two futex calls and a thread switch per call, and the spinner was often
-// in that hand-off when its peer's bytes came. Between two processes at
-// load 8-9, 8-byte write_lat's median was 6.6-8.6 µs gated so, against
-// 7.6-22 µs calling it every time (TCP's 13.4-18.9 in the same rounds).
-func yield(runnable *shmRunnable) {
-	unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-	metrics.Read(runnable[:])
-	if runnable[0].Value.Uint64() > 0 {
+// sched_yield hands the processor to the other threads of the host, the
+// peer's among them: on a host with more runnable threads than processors
+// the peer often waits for the very processor the spinner holds (at load
+// 19 on 2 cores, 8-byte write_lat's median was 14-16 µs with it and
+// 120-150 µs in most runs without, spinning 100 µs; pinned to one CPU,
+// 2.5 µs with it against 41 µs spinning 20 µs without). But a yield puts
+// the caller behind every runnable thread of its CPU, and busy threads of
+// equal priority each keep the CPU for a slice: with six busy loops on
+// the 2 cores, every yield took milliseconds, 8-byte write_lat's median
+// was 3-4 ms and 64 KiB-1 MiB write_bw 0.4-1 GB/s, no better than TCP's.
+// So two yields less than shmSlowPair apart that each took longer than
+// shmYieldSlow turn yielding off for shmNoYield: a wait then spins at most
+// shmSpinNoYield and sleeps, and a sleeper's wake-up gets the CPU ahead of
+// the busy threads (with the six busy loops: 0.4 µs in most runs, 1.3-2.8
+// GB/s; see docs/shm.md).
+//
+// runtime.Gosched is called only when a goroutine of this process waits
+// for a processor (the peer's, in one process): with a processor idle
+// (two processes, each with a goroutine spinning) it put the spinner on
+// the global queue and woke an idle thread to take it, two futex calls
+// and a thread switch per call, and the spinner was often in that
+// hand-off when its peer's bytes came. Between two processes at load
+// 8-9, 8-byte write_lat's median was 6.6-8.6 µs gated so, against 7.6-22
+// µs calling it every time (TCP's 13.4-18.9 in the same rounds).
+func (s *shmWaiter) spin(start time.Time, budget time.Duration) bool {
+	now := time.Now()
+	yieldOK := !now.Before(s.noYield)
+	if !yieldOK {
+		budget = min(budget, shmSpinNoYield)
+	}
+	if now.Sub(start) >= budget {
+		return false
+	}
+	if yieldOK {
+		shmSchedYield()
+		if d := time.Since(now); d > shmYieldSlow {
+			end := now.Add(d)
+			if end.Sub(s.slow) < shmSlowPair {
+				s.noYield = end.Add(shmNoYield)
+			}
+			s.slow = end
+		}
+	}
+	metrics.Read(s.run[:])
+	if s.run[0].Value.Uint64() > 0 {
 		runtime.Gosched()
 	}
+	return true
 }
+
+// shmSchedYield is sched_yield(2); tests make it slow.
+var shmSchedYield = func() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // shmRunnable reads the count of this process's goroutines that wait for
 // a processor (about 200 ns, nothing allocated; the scheduler's lock is
-// taken for it); the reader and the writer of a link have one each.
+// taken for it).
 type shmRunnable [1]metrics.Sample
 
 func newShmRunnable() shmRunnable {
@@ -401,10 +455,7 @@ func (l *shmLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 		if i == 0 {
 			spinStart = time.Now()
 		}
-		if l.wspin > 0 && (i&63 != 63 || time.Since(spinStart) < l.wspin) {
-			if i&15 == 15 {
-				yield(&l.wrun)
-			}
+		if l.wspin > 0 && (i&15 != 15 || l.wwaiter.spin(spinStart, l.wspin)) {
 			continue
 		}
 		// Sleep until the reader frees space (it wakes the futex on the

@@ -281,3 +281,58 @@ func TestAdapterSharedMemoryLinkNoLostWakeup(t *testing.T) {
 	}
 	t.Logf("sleeps: readers %d and %d, writer %d", ini.rsleeps, rsp.rsleeps, ini.wsleeps)
 }
+
+// TestShmWaiterSlowYields: one sched_yield that takes longer than
+// shmYieldSlow leaves the yields on (the peer's turn can be that long);
+// a second within shmSlowPair turns them off for shmNoYield, and a wait
+// then spins at most shmSpinNoYield; two slow yields further apart than
+// shmSlowPair do not.
+func TestShmWaiterSlowYields(t *testing.T) {
+	defer func(f func()) { shmSchedYield = f }(shmSchedYield)
+	yields, slow := 0, false
+	shmSchedYield = func() {
+		yields++
+		if slow {
+			time.Sleep(shmYieldSlow + time.Millisecond)
+		}
+	}
+	// A wait that has spun 30 µs of a 100 µs budget goes on spinning
+	// with the yields on, and stops with them off.
+	spun := func(w *shmWaiter) bool { return w.spin(time.Now().Add(-30*time.Microsecond), 100*time.Microsecond) }
+
+	w := newShmWaiter()
+	for i := 0; i < 3; i++ {
+		if !spun(&w) {
+			t.Fatalf("fast yields: look %d stopped the spin", i)
+		}
+	}
+	slow = true
+	spun(&w)
+	slow = false
+	if n := yields; !spun(&w) || yields != n+1 {
+		t.Fatal("one slow yield turned the yields off")
+	}
+	slow = true
+	spun(&w)
+	slow = false
+	n := yields
+	if spun(&w) {
+		t.Error("two slow yields in a row: the wait still spins past shmSpinNoYield")
+	}
+	if w.spin(time.Now(), 100*time.Microsecond); yields != n {
+		t.Error("two slow yields in a row: still yielding")
+	}
+	if !w.noYield.After(time.Now().Add(shmNoYield - 50*time.Millisecond)) {
+		t.Errorf("yields off until %v, want about %v from now", time.Until(w.noYield), shmNoYield)
+	}
+
+	w = newShmWaiter()
+	slow = true
+	spun(&w)
+	time.Sleep(shmSlowPair)
+	spun(&w)
+	slow = false
+	if n := yields; !spun(&w) || yields != n+1 {
+		t.Error("two slow yields more than shmSlowPair apart turned the yields off")
+	}
+}
