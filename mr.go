@@ -53,6 +53,11 @@ func (mr *MR) InUse() bool { return mr.r.InUse() }
 // read them: the way to receive a one-sided Write without a completion.
 func (mr *MR) Placed() uint64 { return mr.r.Placed() }
 
+// Reads returns the number of peers' RDMA Read Requests served from the
+// region since registration (those that passed their checks): how often
+// one-sided readers used it, which its owner's CPU does not otherwise see.
+func (mr *MR) Reads() uint64 { return mr.r.Reads() }
+
 // WaitPlaced waits, without polling, until Placed reaches n: to wait for
 // the next k bytes pass Placed()+k, read before the peer is told to
 // write. It returns nil once the bytes are in memory, ctx.Err() when ctx

@@ -152,6 +152,7 @@ type index struct {
 	// overflow counts values not indexed: a full neighbourhood, a key too
 	// long, more than one piece.
 	overflow uint64
+	removes  uint64 // buckets cleared (a delete, a value no longer indexed)
 }
 
 func newIndex(pd *gowarp.PD, n int) (*index, error) {
@@ -203,6 +204,7 @@ func (x *index) remove(key string) {
 		return
 	}
 	delete(x.where, key)
+	x.removes++
 	x.used[i] = false
 	clear(x.b[i*idxBucketLen : (i+1)*idxBucketLen])
 }

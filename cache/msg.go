@@ -256,13 +256,28 @@ type Stats struct {
 	BytesIn     uint64 // value bytes put
 	BytesOut    uint64 // value bytes got inline
 	DurablePuts uint64
+
+	// The client-readable index (zeros when the server has none):
+	IndexBuckets  uint64 // its size in buckets
+	IndexEntries  uint64 // buckets holding a key now
+	IndexUpdates  uint64 // buckets written (each bumps the index's sequence)
+	IndexRemoves  uint64 // buckets cleared
+	IndexOverflow uint64 // values left out (key too long, several pieces, neighbourhood full)
+	// IndexReads counts clients' one-sided RDMA Reads of the index: the
+	// lookups served without the control path (a torn bucket read again
+	// counts twice).
+	IndexReads uint64
 }
 
+// statsFields is how many fields a stats block has at least: those of
+// the first version. Fields added since follow them, and a block from an
+// older server just lacks them (they read as zero).
 const statsFields = 18
 
 func (s *Stats) fields() []*uint64 {
 	return []*uint64{&s.Keys, &s.Bytes, &s.Blocks, &s.Resident, &s.BlockSize, &s.Budget, &s.Puts, &s.Gets,
-		&s.Hits, &s.Misses, &s.Deletes, &s.PageIns, &s.PageOuts, &s.Errors, &s.Conns, &s.BytesIn, &s.BytesOut, &s.DurablePuts}
+		&s.Hits, &s.Misses, &s.Deletes, &s.PageIns, &s.PageOuts, &s.Errors, &s.Conns, &s.BytesIn, &s.BytesOut, &s.DurablePuts,
+		&s.IndexBuckets, &s.IndexEntries, &s.IndexUpdates, &s.IndexRemoves, &s.IndexOverflow, &s.IndexReads}
 }
 
 func (s *Stats) appendTo(b []byte) []byte {
@@ -273,13 +288,17 @@ func (s *Stats) appendTo(b []byte) []byte {
 }
 
 // decodeStats parses a stats block; a longer one (a newer server) is
-// read as far as this version knows.
+// read as far as this version knows, a shorter one (an older server's)
+// as far as it goes.
 func decodeStats(b []byte) (Stats, error) {
 	var s Stats
 	if len(b) < 8*statsFields {
 		return s, fmt.Errorf("%w: stats of %d bytes", ErrMalformed, len(b))
 	}
 	for i, f := range s.fields() {
+		if 8*i+8 > len(b) {
+			break
+		}
 		*f = binary.BigEndian.Uint64(b[8*i:])
 	}
 	return s, nil

@@ -70,12 +70,35 @@ func TestMsgMalformed(t *testing.T) {
 	}
 }
 
+// TestStatsVersions: a stats block of the first version (an older
+// server's) decodes with the fields added since at zero, a newer one's
+// with the fields this version knows, and a block shorter than the first
+// version is refused.
+func TestStatsVersions(t *testing.T) {
+	full := Stats{Keys: 1, DurablePuts: 2, IndexBuckets: 3, IndexReads: 4}
+	b := full.appendTo(nil)
+	if got, err := decodeStats(b); err != nil || got != full {
+		t.Errorf("round trip: %+v, %v", got, err)
+	}
+	if got, err := decodeStats(b[:8*statsFields]); err != nil || got != (Stats{Keys: 1, DurablePuts: 2}) {
+		t.Errorf("first version: %+v, %v", got, err)
+	}
+	if got, err := decodeStats(append(b, make([]byte, 16)...)); err != nil || got != full {
+		t.Errorf("newer version: %+v, %v", got, err)
+	}
+	if _, err := decodeStats(b[:8*statsFields-1]); !errors.Is(err, ErrMalformed) {
+		t.Errorf("short: %v", err)
+	}
+}
+
 // FuzzDecode: Decode never panics, and what it accepts encodes back to
 // the same bytes.
 func FuzzDecode(f *testing.F) {
 	for _, m := range sampleMsgs() {
 		f.Add(m.Append(nil))
 	}
+	// A stats reply of a server before the index's fields.
+	f.Add((&Msg{Op: OpStats, ID: 8, Value: (&Stats{Keys: 1, Puts: 2}).appendTo(nil)[:8*statsFields]}).Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var m Msg
 		if err := Decode(b, &m); err != nil {

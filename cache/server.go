@@ -158,6 +158,10 @@ func (s *Server) Stats() Stats {
 	s.st.mu.Lock()
 	st.Keys, st.Bytes, st.Blocks, st.Resident = uint64(len(s.st.vals)), s.st.bytes, uint64(len(s.st.blocks)), uint64(s.st.resident)
 	st.PageIns, st.PageOuts = s.st.pageIns, s.st.pageOuts
+	if x := s.st.idx; x != nil {
+		st.IndexBuckets, st.IndexEntries, st.IndexUpdates = uint64(x.n), uint64(len(x.where)), x.seq
+		st.IndexRemoves, st.IndexOverflow, st.IndexReads = x.removes, x.overflow, x.mr.Reads()
+	}
 	s.st.mu.Unlock()
 	return st
 }

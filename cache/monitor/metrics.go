@@ -26,6 +26,14 @@ var (
 	descBudget   = desc("budget_bytes", "Bytes of blocks allowed in memory at once.")
 	descBlock    = desc("block_size_bytes", "Bytes of one block.")
 	descClients  = desc("clients", "Clients (queue pairs) connected.")
+
+	// The client-readable index (all zero when the server serves none).
+	descIdxBuckets  = desc("index_buckets", "Buckets of the client-readable index.")
+	descIdxEntries  = desc("index_entries", "Buckets of the client-readable index holding a key.")
+	descIdxUpdates  = desc("index_updates_total", "Index buckets written (each bumps the index's sequence number).")
+	descIdxRemoves  = desc("index_removes_total", "Index buckets cleared.")
+	descIdxOverflow = desc("index_overflow_total", "Values left out of the index: key too long, several pieces, neighbourhood full.")
+	descIdxReads    = desc("index_reads_total", "Clients' one-sided RDMA Reads of the index: lookups that needed no control-path request.")
 )
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -36,7 +44,8 @@ type statsCollector struct{ stats func() cache.Stats }
 
 func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descOps, descHits, descMisses, descBytes, descPaging, descDurable,
-		descKeys, descStored, descBlocks, descResident, descBudget, descBlock, descClients} {
+		descKeys, descStored, descBlocks, descResident, descBudget, descBlock, descClients,
+		descIdxBuckets, descIdxEntries, descIdxUpdates, descIdxRemoves, descIdxOverflow, descIdxReads} {
 		ch <- d
 	}
 }
@@ -66,6 +75,12 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descBudget, s.Budget)
 	gauge(descBlock, s.BlockSize)
 	gauge(descClients, s.Conns)
+	gauge(descIdxBuckets, s.IndexBuckets)
+	gauge(descIdxEntries, s.IndexEntries)
+	counter(descIdxUpdates, s.IndexUpdates)
+	counter(descIdxRemoves, s.IndexRemoves)
+	counter(descIdxOverflow, s.IndexOverflow)
+	counter(descIdxReads, s.IndexReads)
 }
 
 func registerAll(reg *prometheus.Registry, cs ...prometheus.Collector) error {

@@ -342,3 +342,87 @@ func TestHTTPPaths(t *testing.T) {
 		t.Errorf("POST /status.json: %s", resp.Status)
 	}
 }
+
+// TestIndexMetrics: with the client-readable index on, the index's series
+// move with the traffic: puts fill buckets, deletes clear them, a key too
+// long for a bucket overflows, and lookups through the index are counted
+// as one-sided Reads while the control path sees none of them.
+func TestIndexMetrics(t *testing.T) {
+	s := startServer(t, cache.ServerOptions{IndexBuckets: 1024}, time.Hour)
+	check(t, scrape(t, s.base), []want{{"gowarp_cache_index_buckets", nil, 1024}, {"gowarp_cache_index_entries", nil, 0},
+		{"gowarp_cache_index_updates_total", nil, 0}, {"gowarp_cache_index_reads_total", nil, 0}})
+
+	ctx := ctxT(t)
+	c, err := cache.Dial(ctx, s.addr, cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(quiet)), Logger: quiet,
+		Lookup: cache.LookupIndex})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	long := strings.Repeat("L", 100) // longer than a bucket's key
+	for i := range 20 {
+		if err := c.Put(ctx, fmt.Sprintf("k%d", i), []byte("value"), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Put(ctx, long, []byte("value"), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		e, err := c.Lookup(ctx, fmt.Sprintf("k%d", i))
+		if err != nil || e.Size != 5 {
+			t.Fatalf("lookup k%d: %+v, %v", i, e, err)
+		}
+	}
+	f := scrape(t, s.base)
+	check(t, f, []want{
+		{"gowarp_cache_index_entries", nil, 20},
+		{"gowarp_cache_index_updates_total", nil, 20},
+		{"gowarp_cache_index_overflow_total", nil, 1},
+		{"gowarp_cache_index_removes_total", nil, 0},
+		{"gowarp_cache_index_reads_total", nil, 20},
+		{"gowarp_cache_ops_total", []string{"op", "get"}, 0}, // no lookup reached the control path
+	})
+
+	// The long key is not in the index: the control path answers, and
+	// reads no bucket. A replaced value rewrites its bucket; a deleted one
+	// clears it.
+	if _, err := c.Lookup(ctx, long); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put(ctx, "k0", []byte("other"), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 15; i < 20; i++ {
+		if err := c.Delete(ctx, fmt.Sprintf("k%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A key the index does not have: one Read of the index, then the
+	// control path, which says it is not found.
+	if _, err := c.Lookup(ctx, "k19"); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("lookup of a deleted key: %v", err)
+	}
+	f = scrape(t, s.base)
+	check(t, f, []want{
+		{"gowarp_cache_index_entries", nil, 15},
+		{"gowarp_cache_index_updates_total", nil, 21},
+		{"gowarp_cache_index_removes_total", nil, 5},
+		{"gowarp_cache_index_reads_total", nil, 21},
+		{"gowarp_cache_ops_total", []string{"op", "get"}, 2},
+	})
+	if st := s.srv.Stats(); st.IndexEntries != 15 || st.IndexReads != 21 {
+		t.Errorf("Stats %+v", st)
+	}
+}
+
+// TestNoIndexMetrics: a server without an index shows zeros.
+func TestNoIndexMetrics(t *testing.T) {
+	s := startServer(t, cache.ServerOptions{IndexBuckets: -1}, time.Hour)
+	c := dial(t, s.addr)
+	if err := c.Put(ctxT(t), "k", []byte("v"), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	check(t, scrape(t, s.base), []want{{"gowarp_cache_index_buckets", nil, 0}, {"gowarp_cache_index_entries", nil, 0},
+		{"gowarp_cache_index_updates_total", nil, 0}})
+}

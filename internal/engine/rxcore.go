@@ -765,6 +765,7 @@ func (r *rxState) readRequest(h *wire.Header) (wire.ReadRequest, *mem.Region, er
 			return rr, nil, err
 		}
 	}
+	region.AddRead()
 	return rr, region, nil
 }
 

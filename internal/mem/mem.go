@@ -127,6 +127,7 @@ type Region struct {
 	// after that, so when the holds drain nothing can touch the memory.
 	use    atomic.Uint64
 	placed atomic.Uint64 // bytes placed into the region by peers
+	reads  atomic.Uint64 // Read Requests of peers served from the region
 	// wuse counts the writes to the region's memory in progress (placements,
 	// WriteAt) and carries the flags they look at (see cow.go).
 	wuse atomic.Uint64
@@ -188,6 +189,13 @@ func (r *Region) Valid() bool { return r.valid.Load() }
 // bytes are in memory, so a goroutine that sees it change may read them:
 // the way to wait for a one-sided write without a completion.
 func (r *Region) Placed() uint64 { return r.placed.Load() }
+
+// Reads returns the number of peers' RDMA Read Requests that passed
+// their checks against the region (and so are answered from it).
+func (r *Region) Reads() uint64 { return r.reads.Load() }
+
+// AddRead records one Read Request served from the region.
+func (r *Region) AddRead() { r.reads.Add(1) }
 
 // AddPlaced records n bytes placed by a peer.
 func (r *Region) AddPlaced(n int) {
