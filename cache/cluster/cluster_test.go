@@ -406,3 +406,74 @@ func waitOn(t *testing.T, servers []*server, key, id string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestClusterRejoinUnverified: a server comes back while another member
+// is registered but unreachable (its cache server stopped, its lease kept
+// alive). A key deleted while it was away cannot be shown to be gone:
+// the unreachable member could still hold it. Reconcile must keep it
+// (a later Repair or Reconcile decides), not delete it on the word of the
+// members that answered; a key another member holds is still refreshed.
+func TestClusterRejoinUnverified(t *testing.T) {
+	const n = 60
+	ep, servers, c := startCluster(t, n)
+	ctx := ctxT(t)
+	a, b := servers[0], servers[1]
+	ring := c.Ring()
+	var onA []string
+	for i := range n {
+		key := fmt.Sprintf("key-%d", i)
+		if isOwner(ring, key, "a") {
+			onA = append(onA, key)
+		}
+	}
+	if len(onA) < 2 {
+		t.Fatalf("only %d of %d keys are on a", len(onA), n)
+	}
+	deleted, changed := onA[0], onA[1]
+	waitOn(t, servers, deleted, "a")
+	waitOn(t, servers, changed, "a")
+
+	dir := a.srv.Dir()
+	a.kill()
+	waitRing(t, c.Membership(), "b", "c")
+	if err := c.Delete(ctx, deleted); err != nil {
+		t.Fatal(err)
+	}
+	newer := []byte("put while a was away")
+	if err := c.Put(ctx, changed, newer, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// b stays a member but answers nobody.
+	b.stop()
+
+	back := startServerIn(t, ep, "a", dir)
+	waitRing(t, c.Membership(), "a", "b", "c")
+	back.mu.Lock()
+	st := back.reconciled
+	back.mu.Unlock()
+	// Every key has b among the members asked (there are only b and c),
+	// so no key can be shown to be gone.
+	if st.Keys == 0 || st.Unverified == 0 || st.Dropped != 0 || st.Refreshed == 0 {
+		t.Errorf("reconcile with b unreachable: %+v; want keys unverified and refreshed, none dropped", st)
+	}
+	direct, err := cache.Dial(ctx, back.addr, cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(quiet)), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, err := direct.Lookup(ctx, deleted); err != nil {
+		t.Errorf("%s, whose deletion b could not confirm, is gone from a: %v", deleted, err)
+	}
+	if got, err := direct.Get(ctx, changed); err != nil || !bytes.Equal(got, newer) {
+		t.Errorf("%s on a: %.40q, %v; want c's copy %q", changed, got, err, newer)
+	}
+}
+
+func isOwner(r *cluster.Ring, key, id string) bool {
+	for _, o := range r.Owners(nil, key) {
+		if o.ID == id {
+			return true
+		}
+	}
+	return false
+}
