@@ -76,6 +76,12 @@ type Entry struct {
 	Gen   uint64
 	Size  int64
 	Addrs []Addr
+	// Sum is the CRC32c of the whole value, when HasSum: a lookup through
+	// the control path of a server that keeps sums reports it (the
+	// client-readable index does not), so that copies on two servers
+	// compare without fetching either. Gen is the server's own.
+	Sum    uint32
+	HasSum bool
 }
 
 // Client is a cache client, safe for concurrent use.
@@ -413,7 +419,11 @@ func (cc *cliConn) indexLookup(ctx context.Context, s *cslot, key string) (*Entr
 // entryOf makes an entry of a reply call returned (its Addrs are the
 // reply's own copy).
 func entryOf(key string, r *Msg) *Entry {
-	return &Entry{Key: key, Gen: r.Gen, Size: int64(r.Size), Addrs: r.Addrs}
+	e := &Entry{Key: key, Gen: r.Gen, Size: int64(r.Size), Addrs: r.Addrs}
+	if r.Op == OpLookup {
+		e.Sum, e.HasSum = parseSum(r.Value)
+	}
+	return e
 }
 
 // ReadAt reads n bytes of the value of key from offset off into dst,
@@ -838,7 +848,9 @@ func (cc *cliConn) onReply(k, n int, m *Msg) error {
 	s.reply = Msg{Op: m.Op, Flags: m.Flags, Status: m.Status, ID: m.ID, Gen: m.Gen, Size: m.Size}
 	s.status = m.Status
 	s.text = s.text[:0]
-	if m.Status != StatusOK { // the error's text; a value goes to onReply or inline
+	// The error's text, or a lookup's sum (4 bytes); any other value goes
+	// to onReply or inline.
+	if m.Status != StatusOK || m.Op == OpLookup && len(m.Value) <= 8 {
 		s.text = append(s.text, m.Value...)
 	}
 	s.addrs = append(s.addrs[:0], m.Addrs...)

@@ -6,12 +6,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/cache"
@@ -182,4 +186,72 @@ func TestKillMidPut(t *testing.T) {
 	if got, err := c.Get(ctx, "half"); err == nil && !bytes.Equal(got, value(6, 8<<20)) {
 		t.Fatal("half-written value served with other bytes")
 	}
+}
+
+// TestSums: a lookup reports each value's CRC32c, inline, written by
+// RDMA in one piece or in several, and after a restart; a sum whose
+// generation is not its record's (left by a server before sums, which
+// replaced the value without one) is not reported.
+func TestSums(t *testing.T) {
+	dir := t.TempDir()
+	o := cache.ServerOptions{Dir: dir, BlockSize: 128 << 10}
+	addr, _, stop := startServer(t, o)
+	c := dial(t, addr, cache.ClientOptions{})
+	ctx := ctxT(t)
+	sizes := []int{10, 5000, 40 << 10, 300 << 10}
+	check := func(when string, skip string) {
+		t.Helper()
+		for i, n := range sizes {
+			k := fmt.Sprintf("s%d", i)
+			e, err := c.Lookup(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := crc32.Checksum(value(uint64(i), n), crc32.MakeTable(crc32.Castagnoli))
+			if k == skip {
+				if e.HasSum {
+					t.Errorf("%s: %s reports sum %#x of another generation", when, k, e.Sum)
+				}
+			} else if !e.HasSum || e.Sum != want {
+				t.Errorf("%s: %s of %d bytes: sum %#x (%v), want %#x", when, k, n, e.Sum, e.HasSum, want)
+			}
+		}
+	}
+	for i, n := range sizes {
+		if err := c.Put(ctx, fmt.Sprintf("s%d", i), value(uint64(i), n), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after put", "")
+	c.Close()
+	stop()
+
+	addr, _, stop = startServer(t, o)
+	c = dial(t, addr, cache.ClientOptions{})
+	check("after restart", "")
+	c.Close()
+	stop()
+
+	db, err := bolt.Open(filepath.Join(dir, "index.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("sums"))
+		v := bytes.Clone(b.Get([]byte("s1")))
+		if len(v) != 12 {
+			return fmt.Errorf("sum of s1: %x", v)
+		}
+		v[7]++ // another generation
+		return b.Put([]byte("s1"), v)
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _, _ = startServer(t, o)
+	c = dial(t, addr, cache.ClientOptions{})
+	check("with a sum of another generation", "s1")
 }

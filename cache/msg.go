@@ -31,7 +31,7 @@ const (
 	OpGet       // key: the value inline, or its addresses when large
 	OpAlloc     // key, size: extents to write the value into with RDMA Write
 	OpCommit    // key, gen: make the written value the key's
-	OpLookup    // key: the value's addresses, generation and size
+	OpLookup    // key: the value's addresses, generation and size (and its sum in value, from a server that keeps sums)
 	OpDelete    // key
 	OpList      // key as prefix, value as the key to start after, size as the limit
 	OpStats     // the server's counters
@@ -302,4 +302,16 @@ func decodeStats(b []byte) (Stats, error) {
 		*f = binary.BigEndian.Uint64(b[8*i:])
 	}
 	return s, nil
+}
+
+// appendSum encodes a value's CRC32c as a lookup reply carries it.
+func appendSum(b []byte, sum uint32) []byte { return binary.BigEndian.AppendUint32(b, sum) }
+
+// parseSum reads the sum of a lookup reply's value: none (ok false) when
+// it is not 4 bytes, as from a server before sums.
+func parseSum(v []byte) (sum uint32, ok bool) {
+	if len(v) != 4 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint32(v), true
 }

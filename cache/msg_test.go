@@ -13,6 +13,7 @@ func sampleMsgs() []Msg {
 		{Op: OpGet, Flags: FlagInline, ID: 9, Gen: 77, Size: 3, Value: []byte("abc")},
 		{Op: OpAlloc, ID: 2, Key: []byte("big"), Size: 1 << 20},
 		{Op: OpLookup, ID: 4, Gen: 5, Size: 1 << 20, Addrs: []Addr{{STag: 0x12345601, Off: 0x7f0000001000, Len: 1 << 19}, {STag: 2, Off: 64, Len: 1 << 19}}},
+		{Op: OpLookup, ID: 4, Gen: 5, Size: 3, Value: appendSum(nil, 0xdeadbeef), Addrs: []Addr{{STag: 1, Off: 64, Len: 3}}},
 		{Op: OpCommit, ID: 5, Gen: 6, Key: []byte("big")},
 		{Op: OpDelete, ID: 6, Status: StatusNotFound, Value: []byte("cache: key not found")},
 		{Op: OpList, ID: 7, Flags: FlagMore, Keys: [][]byte{[]byte("a"), []byte("b"), {}}},
@@ -107,8 +108,13 @@ func FuzzDecode(f *testing.F) {
 		if got := m.Append(nil); !bytes.Equal(got, b) {
 			t.Fatalf("decoded %x, re-encoded %x", b, got)
 		}
-		if m.Op == OpStats {
+		switch m.Op {
+		case OpStats:
 			_, _ = decodeStats(m.Value)
+		case OpLookup:
+			if sum, ok := parseSum(m.Value); ok != (len(m.Value) == 4) || ok && !bytes.Equal(appendSum(nil, sum), m.Value) {
+				t.Fatalf("sum %x: %x, %v", m.Value, sum, ok)
+			}
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"math"
 	"os"
@@ -537,7 +538,7 @@ func (c *srvConn) handle(in, out *Msg) error {
 			return err
 		}
 		gen := st.nextGen()
-		r := &record{gen: gen, size: uint64(len(in.Value)), ext: ext}
+		r := &record{gen: gen, size: uint64(len(in.Value)), ext: ext, sum: crc32Of(in.Value), hasSum: true}
 		err = st.writePiece(ext[0], gen, 0, in.Value)
 		if err == nil && durable {
 			err = st.syncBlocks(ext)
@@ -564,6 +565,12 @@ func (c *srvConn) handle(in, out *Msg) error {
 		}
 		s.hits.Add(1)
 		out.Gen, out.Size = r.gen, r.size
+		if in.Op == OpLookup && r.hasSum {
+			// The value's sum, in the lookup reply's otherwise empty
+			// value (a client before sums ignores it).
+			out.Value = appendSum(c.scratch[:0], r.sum)
+			c.scratch = out.Value
+		}
 		if in.Op == OpGet && r.size <= InlineMax {
 			v, err := st.readValue(r, c.scratch[:0])
 			if err != nil {
@@ -674,12 +681,20 @@ func (s *Server) countPut(n int, durable bool) {
 }
 
 // sealPieces writes the headers of a value the client wrote with RDMA:
-// the CRC of what landed, read from the block's mapping.
+// the CRC of what landed, read from the block's mapping; and the whole
+// value's sum (the one piece's CRC, or one more pass over several).
 func (st *store) sealPieces(r *record) error {
+	r.sum, r.hasSum = 0, true
 	for i, e := range r.ext {
 		b := st.blocks[e.block]
 		data := b.mr.Bytes()[int64(e.off)+HeaderLen : int64(e.off)+HeaderLen+int64(e.n)]
-		if err := st.writeHeader(e, header{Gen: r.gen, Len: e.n, CRC: crc32Of(data), Piece: uint16(i)}); err != nil {
+		crc := crc32Of(data)
+		if len(r.ext) == 1 {
+			r.sum = crc
+		} else {
+			r.sum = crc32.Update(r.sum, castagnoli, data)
+		}
+		if err := st.writeHeader(e, header{Gen: r.gen, Len: e.n, CRC: crc, Piece: uint16(i)}); err != nil {
 			return err
 		}
 	}

@@ -95,6 +95,11 @@ type record struct {
 	gen  uint64
 	size uint64
 	ext  []extent
+	// sum is the CRC32c of the whole value, when known (hasSum): what a
+	// lookup reports so that two servers' copies can be compared without
+	// fetching either. Values of a server before it have none.
+	sum    uint32
+	hasSum bool
 }
 
 func (r *record) encode() []byte {
@@ -158,6 +163,11 @@ var (
 	bucketValues = []byte("values")
 	bucketBlocks = []byte("blocks")
 	bucketMeta   = []byte("meta")
+	// bucketSums holds each value's generation and sum (a separate bucket
+	// so that the records stay as they were: a server before sums reads
+	// the directory, and a sum whose generation is not the record's, left
+	// by such a server's put, is not believed).
+	bucketSums   = []byte("sums")
 	keyGen       = []byte("gen")
 	keyBlockSize = []byte("blocksize")
 )
@@ -231,7 +241,7 @@ func openStore(dir string, bs, budget, maxValue int64, idxBuckets int, pd *gowar
 // block's fill and live bytes are rebuilt.
 func (s *store) load() error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		for _, n := range [][]byte{bucketValues, bucketBlocks, bucketMeta} {
+		for _, n := range [][]byte{bucketValues, bucketBlocks, bucketMeta, bucketSums} {
 			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
 				return fmt.Errorf("cache: index: %w", err)
 			}
@@ -265,6 +275,7 @@ func (s *store) load() error {
 		if err != nil {
 			return err
 		}
+		sums := tx.Bucket(bucketSums)
 		err = tx.Bucket(bucketValues).ForEach(func(k, v []byte) error {
 			r, err := decodeRecord(v)
 			if err != nil {
@@ -279,6 +290,9 @@ func (s *store) load() error {
 				b.live += e.span()
 			}
 			s.gen = max(s.gen, r.gen)
+			if v := sums.Get(k); len(v) == 12 && binary.BigEndian.Uint64(v) == r.gen {
+				r.sum, r.hasSum = binary.BigEndian.Uint32(v[8:]), true
+			}
 			s.vals[string(k)] = r
 			s.bytes += r.size
 			return nil
@@ -549,7 +563,7 @@ func (s *store) writePiece(e extent, gen uint64, piece int, data []byte) error {
 	if _, err := f.WriteAt(data, int64(e.off)+HeaderLen); err != nil {
 		return fmt.Errorf("%w: %w", ErrServer, err)
 	}
-	return s.writeHeader(e, header{Gen: gen, Len: e.n, CRC: crc32.Checksum(data, castagnoli), Piece: uint16(piece)})
+	return s.writeHeader(e, header{Gen: gen, Len: e.n, CRC: crc32Of(data), Piece: uint16(piece)})
 }
 
 func (s *store) writeHeader(e extent, h header) error {
@@ -582,6 +596,12 @@ func (s *store) commit(key string, r *record, durable bool) error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketMeta).Put(keyGen, binary.BigEndian.AppendUint64(nil, s.gen)); err != nil {
 			return err
+		}
+		if r.hasSum {
+			v := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint64(nil, r.gen), r.sum)
+			if err := tx.Bucket(bucketSums).Put([]byte(key), v); err != nil {
+				return err
+			}
 		}
 		return tx.Bucket(bucketValues).Put([]byte(key), r.encode())
 	})
@@ -635,7 +655,12 @@ func (s *store) delete(key string) error {
 	if s.vals[key] == nil {
 		return ErrNotFound
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketValues).Delete([]byte(key)) })
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSums).Delete([]byte(key)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketValues).Delete([]byte(key))
+	})
 	if err != nil {
 		return fmt.Errorf("%w: index: %w", ErrServer, err)
 	}

@@ -457,6 +457,8 @@ func (c *Client) Repair(ctx context.Context, ids ...string) (RepairStats, error)
 type ReconcileStats struct {
 	Keys       int // keys the server holds
 	Refreshed  int // replaced by the copy another member holds
+	Unchanged  int // another member holds the same value (by size and sum): nothing fetched
+	Fetched    int // values fetched from another member
 	Dropped    int // deleted: every member that could hold the key said it has none
 	Unverified int // kept: some member that could hold it did not answer
 }
@@ -470,7 +472,9 @@ type ReconcileStats struct {
 // ranking): the first copy found replaces self's; a key that all of them
 // answer they do not have is deleted (a key deleted while self was away
 // must not come back; a cache miss is always correct); a key that one of
-// them could not be asked about is kept. With no other member, everything
+// them could not be asked about is kept. A copy is looked up before it is
+// fetched: when both servers report the value's sum (CRC32c) and they and
+// the sizes agree, nothing is fetched or put. With no other member, everything
 // is kept: self is the first back. Values carry no versions, so the
 // members that stayed are taken to be right: a cluster whose servers all
 // restart keeps whatever the first one back holds.
@@ -500,14 +504,31 @@ func (c *Client) Reconcile(ctx context.Context, self Member) (ReconcileStats, er
 	for _, key := range keys {
 		st.Keys++
 		cands = without.Ranked(cands[:0], key, without.Replicas()+1)
+		var mine *cache.Entry
+		if err := c.call(ctx, self, func(ctx context.Context, cl *cache.Client) (err error) {
+			mine, err = cl.Lookup(ctx, key)
+			return err
+		}); err != nil && !errors.Is(err, cache.ErrNotFound) {
+			mine = nil // compared with nothing: fetched
+		}
 		var v []byte
-		found, answered := false, 0
+		found, same, answered := false, false, 0
 		for _, o := range cands {
 			if failed[o.ID] {
 				continue
 			}
-			err := c.call(ctx, o, func(ctx context.Context, cl *cache.Client) (err error) {
+			err := c.call(ctx, o, func(ctx context.Context, cl *cache.Client) error {
+				e, err := cl.Lookup(ctx, key)
+				if err != nil {
+					return err
+				}
+				if same = mine != nil && mine.HasSum && e.HasSum && mine.Sum == e.Sum && mine.Size == e.Size; same {
+					return nil
+				}
 				v, err = cl.Get(ctx, key)
+				if err == nil {
+					st.Fetched++
+				}
 				return err
 			})
 			switch {
@@ -526,6 +547,8 @@ func (c *Client) Reconcile(ctx context.Context, self Member) (ReconcileStats, er
 		}
 		var err error
 		switch {
+		case same:
+			st.Unchanged++
 		case found:
 			err = c.call(ctx, self, func(ctx context.Context, cl *cache.Client) error { return cl.Put(ctx, key, v, cache.PutOptions{}) })
 			if err == nil {

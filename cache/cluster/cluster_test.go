@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,7 +29,8 @@ type server struct {
 	etcd   *clientv3.Client
 	reg    *cluster.Registration
 	stop   func()
-	direct *cache.Client // see onServer
+	direct *cache.Client  // see onServer
+	gets   *atomic.Uint64 // get requests the server answered
 
 	mu         sync.Mutex
 	reconciled cluster.ReconcileStats // what its last Reconcile did
@@ -43,8 +45,13 @@ func startServer(t *testing.T, ep, id string) *server {
 // held an earlier server's).
 func startServerIn(t *testing.T, ep, id, dir string) *server {
 	t.Helper()
+	gets := new(atomic.Uint64)
 	srv, err := cache.NewServer(cache.ServerOptions{Dir: dir, Logger: quiet, Device: gowarp.Open(gowarp.WithLogger(quiet)),
-		BlockSize: 1 << 20, Budget: 16 << 20})
+		BlockSize: 1 << 20, Budget: 16 << 20, OnRequest: func(op cache.Op, _ cache.Status, _ int, _ time.Duration) {
+			if op == cache.OpGet {
+				gets.Add(1)
+			}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +62,7 @@ func startServerIn(t *testing.T, ep, id, dir string) *server {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
-	s := &server{id: id, addr: ln.Addr().String(), srv: srv, etcd: etcdClient(t, ep)}
+	s := &server{id: id, addr: ln.Addr().String(), srv: srv, etcd: etcdClient(t, ep), gets: gets}
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {
@@ -476,4 +483,74 @@ func isOwner(r *cluster.Ring, key, id string) bool {
 		}
 	}
 	return false
+}
+
+// TestReconcileFetches: Reconcile compares its copies with the other
+// members' by size and sum before it fetches anything. Run for a, a
+// member whose keys all equal their other owners', it fetches nothing
+// (no get reaches b or c); after a's copy of one key is overwritten with
+// other bytes of the same size, it fetches that one key (one get) and
+// puts the other members' copy back on a.
+func TestReconcileFetches(t *testing.T) {
+	const n = 60
+	_, servers, c := startCluster(t, n)
+	ctx := ctxT(t)
+	ring := c.Ring()
+	// Quiet first: every key on exactly its owners (the joins' repairs
+	// done), so no repair gets a value while the gets are counted.
+	settled := func() bool {
+		for i := range n {
+			key := fmt.Sprintf("key-%d", i)
+			owners := ring.Owners(nil, key)
+			slices.SortFunc(owners, func(a, b cluster.Member) int { return strings.Compare(a.ID, b.ID) })
+			if fmt.Sprint(onServer(t, servers, key)) != ids(owners) {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !settled() {
+		if time.Now().After(deadline) {
+			t.Fatal("keys never settled on their owners")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // a repair already running ends
+	a, b, cc := servers[0], servers[1], servers[2]
+	self := cluster.Member{ID: "a", Addr: a.addr}
+	others := func() uint64 { return b.gets.Load() + cc.gets.Load() }
+
+	before := others()
+	st, err := c.Reconcile(ctx, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := others() - before; got != 0 || st.Fetched != 0 || st.Keys == 0 || st.Unchanged != st.Keys || st.Refreshed != 0 {
+		t.Errorf("reconcile of equal copies: %+v, %d gets on b and c; want every key unchanged, nothing fetched", st, got)
+	}
+
+	var key string
+	var i int
+	for i = range n {
+		if key = fmt.Sprintf("key-%d", i); isOwner(ring, key, "a") {
+			break
+		}
+	}
+	other := bytes.Clone(val(i))
+	other[0] ^= 0xff // the same size: only the sum tells
+	if err := a.direct.Put(ctx, key, other, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before = others()
+	st, err = c.Reconcile(ctx, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := others() - before; got != 1 || st.Fetched != 1 || st.Refreshed != 1 || st.Unchanged != st.Keys-1 {
+		t.Errorf("reconcile after %s changed on a: %+v, %d gets on b and c; want one fetched and refreshed", key, st, got)
+	}
+	if got, err := a.direct.Get(ctx, key); err != nil || !bytes.Equal(got, val(i)) {
+		t.Errorf("%s on a after reconcile: %d bytes, %v; want the other members' copy", key, len(got), err)
+	}
 }
