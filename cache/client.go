@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -593,6 +594,12 @@ type cliConn struct {
 	wc       [64]gowarp.Completion // the leader's
 	m        Msg                   // the leader's
 
+	// Requests waiting to be posted together (see post).
+	pmu     sync.Mutex
+	pending []gowarp.SendWR
+	spare   []gowarp.SendWR
+	posting bool
+
 	dead    chan struct{}
 	stopped chan struct{}
 	once    sync.Once
@@ -934,11 +941,58 @@ func (cc *cliConn) send(s *cslot, m *Msg) error {
 	s.sge[0].Length = len(m.Append(s.msg[:0]))
 	s.wr.ID = wrSend<<16 | uint64(s.i)
 	s.id.Store(m.ID)
-	if err := cc.qp.PostSend(&s.wr); err != nil {
+	if err := cc.post(&s.wr); err != nil {
 		s.id.Store(0)
 		return fmt.Errorf("%w: %w", errConnLost, err)
 	}
 	return nil
+}
+
+// post sends wr together with the requests other callers send meanwhile:
+// each post is a system call (on loopback the write does the receiver's
+// TCP work too), so the first caller to find nobody posting yields once
+// when other calls are under way, for the callers its yield lets run to
+// add theirs, and posts them all
+// with one PostSendList. The others return at once; their requests go
+// in that list (or the next). Should the post fail, the connection is
+// failed, and the callers whose requests were in it learn it from their
+// wait.
+func (cc *cliConn) post(wr *gowarp.SendWR) error {
+	cc.pmu.Lock()
+	cc.pending = append(cc.pending, *wr)
+	if cc.posting {
+		cc.pmu.Unlock()
+		return nil
+	}
+	cc.posting = true
+	cc.pmu.Unlock()
+	if len(cc.slots)-len(cc.free) > 1 {
+		// Other calls hold slots: one may be about to post. A call alone
+		// posts at once (a yield cost it a quarter of its rate).
+		runtime.Gosched()
+	}
+	for {
+		cc.pmu.Lock()
+		batch := cc.pending
+		if len(batch) == 0 {
+			cc.posting = false
+			cc.pmu.Unlock()
+			return nil
+		}
+		cc.pending = cc.spare[:0]
+		cc.pmu.Unlock()
+		_, err := cc.qp.PostSendList(batch)
+		clear(batch) // the SGLs' references
+		cc.pmu.Lock()
+		cc.spare = batch[:0]
+		if err != nil {
+			cc.posting = false
+			cc.pmu.Unlock()
+			cc.fail(err)
+			return err
+		}
+		cc.pmu.Unlock()
+	}
 }
 
 // call sends m and waits for the reply; onReply, if set, sees a
