@@ -532,9 +532,9 @@ func (s *store) releaseSpan(e extent, pinned, live bool) {
 	if pinned {
 		b.pins--
 		// A value larger than the budget held blocks over it while it
-		// was written; now they may go, or memory stays over the budget
-		// until the next page-in.
-		for b.pins == 0 && s.resident > s.maxRes && s.evict() {
+		// was written; those no write pins may go now, or memory stays
+		// over the budget until the next page-in.
+		for s.resident > s.maxRes && s.evict() {
 		}
 	}
 	if live {
