@@ -416,8 +416,7 @@ func (cc *cliConn) indexLookup(ctx context.Context, s *cslot, key string) (*Entr
 	s.sges = append(s.sges[:0], gowarp.SGE{MR: cc.hdrMR, Offset: s.hdrOff, Length: n})
 	s.wrs[0].SGL = s.sges[:1]
 	for range idxTries {
-		if err := cc.qp.PostSend(&s.wrs[0]); err != nil {
-			cc.fail(err)
+		if err := cc.post(s.wrs[0]); err != nil {
 			return nil, cc.lostErr()
 		}
 		if err := cc.wait(ctx, s, 1, true); err != nil {
@@ -958,7 +957,7 @@ func (cc *cliConn) send(s *cslot, m *Msg) error {
 	s.sge[0].Length = len(m.Append(s.msg[:0]))
 	s.wr.ID = wrSend<<16 | uint64(s.i)
 	s.id.Store(m.ID)
-	if err := cc.post(&s.wr); err != nil {
+	if err := cc.post(s.wr); err != nil {
 		s.id.Store(0)
 		return fmt.Errorf("%w: %w", errConnLost, err)
 	}
@@ -974,9 +973,9 @@ func (cc *cliConn) send(s *cslot, m *Msg) error {
 // in that list (or the next). Should the post fail, the connection is
 // failed, and the callers whose requests were in it learn it from their
 // wait.
-func (cc *cliConn) post(wr *gowarp.SendWR) error {
+func (cc *cliConn) post(wrs ...gowarp.SendWR) error {
 	cc.pmu.Lock()
-	cc.pending = append(cc.pending, *wr)
+	cc.pending = append(cc.pending, wrs...)
 	if cc.posting {
 		cc.pmu.Unlock()
 		return nil
@@ -1126,8 +1125,9 @@ func (cc *cliConn) readIn(ctx context.Context, s *cslot, e *Entry, dst *gowarp.M
 	if len(s.wrs) == 0 {
 		return 0, eof
 	}
-	if _, err := cc.qp.PostSendList(s.wrs); err != nil {
-		cc.fail(err)
+	// With the other calls' requests (see post): a failed post fails the
+	// connection, which the wait reports.
+	if err := cc.post(s.wrs...); err != nil {
 		return 0, cc.lostErr()
 	}
 	got := int64(0)
