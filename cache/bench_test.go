@@ -93,3 +93,31 @@ func benchLookupRead1M(b *testing.B, lookup cache.LookupMode, conns int) {
 		}
 	})
 }
+
+// BenchmarkReadAt1M: ReadAt of 1 MiB values through kept addresses, one
+// goroutine per GOMAXPROCS (2 in flight on 2 CPUs, as `gowarp cache
+// bench` reads them).
+func BenchmarkReadAt1M(b *testing.B) {
+	addr, _, _ := startServer(b, cache.ServerOptions{})
+	c := dial(b, addr, cache.ClientOptions{})
+	ctx := ctxT(b)
+	v := value(1, 1<<20)
+	for i := range 10 {
+		if err := c.Put(ctx, key4K(i), v, cache.PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	b.SetParallelism(1)
+	b.SetBytes(1 << 20)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		mr, _ := c.PD().Register(make([]byte, 1<<20), gowarp.LocalWrite)
+		for pb.Next() {
+			if _, err := c.ReadAt(ctx, key4K(int(next.Add(1)%10)), mr, 0, 1<<20, 0); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
