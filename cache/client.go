@@ -810,6 +810,50 @@ func (cc *cliConn) await(ctx context.Context, ready func() bool) error {
 	}
 }
 
+// awaitEv is await for an event of slot s, which it takes: a caller
+// not leading waits on its slot's channel as well as for the lead, so
+// that the leader's hand-over of its completion wakes it at once,
+// rather than when the lead comes to it.
+func (cc *cliConn) awaitEv(ctx context.Context, s *cslot) error {
+	token := false // this caller holds the lead's hand-over token
+	defer func() {
+		if token { // not used: to the next waiter
+			cc.passLead()
+		}
+	}()
+	for {
+		select {
+		case <-s.ev:
+			return nil
+		default:
+		}
+		if cc.failed() {
+			return cc.lostErr()
+		}
+		if cc.pollMu.TryLock() {
+			token = false
+			err := cc.lead(ctx, s.evReady)
+			cc.pollMu.Unlock()
+			cc.passLead()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		token = false // the leader, when it leaves, passes the lead on
+		select {
+		case <-s.ev:
+			return nil
+		case <-cc.pollFree:
+			token = true
+		case <-cc.dead:
+			return cc.lostErr()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // passLead wakes one caller waiting for the lead, if any.
 func (cc *cliConn) passLead() {
 	select {
@@ -940,7 +984,7 @@ func (cc *cliConn) done(s *cslot) {
 // pair guarantees that a Read no longer lands in the caller's buffer.
 func (cc *cliConn) wait(ctx context.Context, s *cslot, k int, rdma bool) error {
 	for range k {
-		if err := cc.await(ctx, s.evReady); err != nil {
+		if err := cc.awaitEv(ctx, s); err != nil {
 			if ctx.Err() == nil || cc.failed() {
 				return cc.lostErr()
 			}
@@ -953,7 +997,6 @@ func (cc *cliConn) wait(ctx context.Context, s *cslot, k int, rdma bool) error {
 			}
 			return ctx.Err()
 		}
-		<-s.ev
 	}
 	return nil
 }
@@ -1051,7 +1094,7 @@ func (cc *cliConn) callIn(ctx context.Context, s *cslot, m *Msg, onReply func(*M
 	if err := cc.send(s, m); err != nil {
 		return nil, err
 	}
-	if err := cc.await(ctx, s.evReady); err != nil {
+	if err := cc.awaitEv(ctx, s); err != nil {
 		if ctx.Err() == nil || cc.failed() {
 			return nil, cc.lostErr()
 		}
@@ -1063,7 +1106,6 @@ func (cc *cliConn) callIn(ctx context.Context, s *cslot, m *Msg, onReply func(*M
 		s.gaveUp = true
 		return nil, ctx.Err()
 	}
-	<-s.ev
 	if err := s.status.err(m.Op, s.text); err != nil {
 		return nil, err
 	}
