@@ -133,8 +133,15 @@ func (cq *CQ) Poll(out []Completion) int {
 	}
 	cq.n -= k
 	left := cq.n
-	if left == 0 && !cq.overrun {
-		cq.ready.Store(false)
+	if left == 0 {
+		// Start again at the ring's first slot: a queue that is drained
+		// as it fills then touches a few cache lines, not the whole ring
+		// in turn (with 256 queues of 1024 that was 12 MB cycled through
+		// the caches, BenchmarkManyQPs N=256).
+		cq.head = 0
+		if !cq.overrun {
+			cq.ready.Store(false)
+		}
 	}
 	cq.mu.Unlock()
 	if left > 0 {
