@@ -28,16 +28,15 @@ type CQ struct {
 	// qps are the queue pairs completing here.
 	qps []*QP
 	// inline is the queue pair a waiter is receiving on inline, to be rung
-	// when a completion comes from elsewhere.
-	inline *QP
+	// when a completion comes from elsewhere. It is atomic, not under mu,
+	// as a waiter sets and clears it at every wait: push stores ready
+	// before it loads inline and the waiter stores inline before it loads
+	// ready, so one of them sees the other.
+	inline atomic.Pointer[QP]
 	events Emitter // reports the first overrun
 }
 
-func (cq *CQ) setInline(q *QP) {
-	cq.mu.Lock()
-	cq.inline = q
-	cq.mu.Unlock()
-}
+func (cq *CQ) setInline(q *QP) { cq.inline.Store(q) }
 
 func (cq *CQ) attach(q *QP) {
 	cq.mu.Lock()
@@ -89,8 +88,8 @@ func (cq *CQ) push(c *Completion, fromRx bool) bool {
 		first := !cq.overrun
 		cq.overrun = true
 		cq.ready.Store(true)
-		w := cq.inline
 		cq.mu.Unlock()
+		w := cq.inline.Load()
 		if first && cq.events != nil {
 			cq.events(Event{Type: EventCQOverrun, QP: c.QP, CQ: cq, Err: ErrCQOverrun})
 		}
@@ -106,9 +105,8 @@ func (cq *CQ) push(c *Completion, fromRx bool) bool {
 	cq.ring[i] = *c
 	cq.n++
 	cq.ready.Store(true)
-	w := cq.inline
 	cq.mu.Unlock()
-	if w != nil && !fromRx {
+	if w := cq.inline.Load(); w != nil && !fromRx {
 		w.ring()
 	}
 	select {

@@ -258,7 +258,8 @@ type QP struct {
 	rxTick   chan struct{}
 	// rxHand gives the path back to the receive goroutine (the watcher,
 	// reclaim.go); rxInline is set while a waiter holds it; waitDone is
-	// that waiter's ctx.Done, if any, under waitMu. watched and rxSeen
+	// the last inline waiter's ctx.Done, if any, written under rxMu and
+	// waitMu (the watcher reads it under waitMu). watched and rxSeen
 	// (the generation last seen, under the watcher's lock) are the
 	// watcher's.
 	rxHand   chan struct{}

@@ -233,10 +233,18 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	if cq != nil {
 		cq.setInline(q)
 	}
-	if d := ctx.Done(); d != nil {
+	d := ctx.Done()
+	if d != q.waitDone {
+		// Only a new context takes the lock: a waiter that waits in a
+		// loop with one context sets it once. It is not cleared as the
+		// waiter leaves, since the watcher looks at it only while a
+		// waiter is inline (at worst it rings one that has just left:
+		// a doorbell rung for nothing is looked at and re-armed).
 		q.waitMu.Lock()
 		q.waitDone = d
 		q.waitMu.Unlock()
+	}
+	if d != nil {
 		waitWatcher.watch(q)
 	}
 	r := &q.rx
@@ -263,11 +271,6 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	r.answerNow()
 	if cq != nil {
 		cq.setInline(nil)
-	}
-	if ctx.Done() != nil {
-		q.waitMu.Lock()
-		q.waitDone = nil // the watcher rings no one for this ctx from now on
-		q.waitMu.Unlock()
 	}
 	if failed != nil {
 		q.rxFailed(failed) // holding the path, as in rxLoop
