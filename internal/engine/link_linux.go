@@ -14,8 +14,9 @@ import (
 // and the kernel's send-queue counters. The callbacks handed to
 // syscall.RawConn are built once, the read's iovec array grows to the most
 // vectors a read has had (a few: see rxState), and a write takes its
-// arrays from a free list for the system call, so no call allocates in steady
-// state and an idle link holds no write arrays.
+// arrays from a free list for the system call (but for a few vectors, see
+// writeVecsSmall), so no call allocates in steady state and an idle link
+// holds no write arrays beyond 384 bytes.
 type fdLink struct {
 	c  net.Conn
 	rc syscall.RawConn
@@ -33,6 +34,7 @@ type fdLink struct {
 
 	wiov    []unix.Iovec
 	wmsg    []mmsghdr
+	wsmall  *writeVecsSmall // arrays of a Writev of few vectors, made once
 	wn      int
 	werr    error
 	wblock  bool
@@ -217,11 +219,34 @@ type writeVecs struct {
 
 var writeVecFree = newFreeList(1024, func() *writeVecs { return new(writeVecs) })
 
+// writeVecsSmall are the arrays of a Writev of at most smallIov vectors
+// in at most smallMsg records (a ping-pong's one FPDU has three vectors),
+// which the link keeps: such a write takes nothing from writeVecFree,
+// whose lock's cache line went from core to core at every send when two
+// queue pairs of a process ping-ponged. It is made at the first such
+// write, so a link that never writes holds none.
+type writeVecsSmall struct {
+	iov [smallIov]unix.Iovec
+	msg [smallMsg]mmsghdr
+}
+
+const (
+	smallIov = 8
+	smallMsg = 4
+)
+
 // Writev sends bufs as records, all in one system call.
 func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
-	v := writeVecFree.get()
-	defer writeVecFree.put(v)
-	l.wiov, l.wmsg = v.iov[:0], v.msg[:0]
+	if len(bufs) <= smallIov && len(records) < smallMsg {
+		if l.wsmall == nil {
+			l.wsmall = new(writeVecsSmall)
+		}
+		l.wiov, l.wmsg = l.wsmall.iov[:0], l.wsmall.msg[:0]
+	} else {
+		v := writeVecFree.get()
+		defer writeVecFree.put(v)
+		l.wiov, l.wmsg = v.iov[:0], v.msg[:0]
+	}
 	defer func() { l.wiov, l.wmsg = nil, nil }()
 	msg, r := 0, 0 // first vector of the open message; next record end
 	total := 0

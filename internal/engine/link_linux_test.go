@@ -163,3 +163,56 @@ func TestAbortedAfterErrorTaken(t *testing.T) {
 		t.Error("Aborted true after the peer's FIN and a reset")
 	}
 }
+
+// TestSmallWritevTakesNoFreeList: a Writev of a few vectors (a
+// ping-pong's FPDU) uses the link's own arrays, not writeVecFree's, whose
+// lock went from core to core at every send; a larger one still takes
+// them from the list.
+func TestSmallWritevTakesNoFreeList(t *testing.T) {
+	a, b := tcpPair(t)
+	l := NewLink(a).(*fdLink)
+	write := func(bufs [][]byte, records []int) (held bool) {
+		writeVecFree.mu.Lock()
+		done := make(chan error, 1)
+		go func() {
+			_, err := l.Writev(bufs, records, true)
+			done <- err
+		}()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(200 * time.Millisecond):
+			held = true // it waits for the list's lock
+		}
+		writeVecFree.mu.Unlock()
+		if held {
+			err = <-done
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return held
+	}
+	if write([][]byte{[]byte("hdr"), []byte("payload"), []byte("crc")}, []int{3}) {
+		t.Fatal("a Writev of three vectors waited for writeVecFree")
+	}
+	many := make([][]byte, smallIov+1)
+	for i := range many {
+		many[i] = []byte{byte(i)}
+	}
+	if !write(many, nil) {
+		t.Fatalf("a Writev of %d vectors did not take writeVecFree's arrays", len(many))
+	}
+	want := append([]byte("hdrpayloadcrc"), make([]byte, smallIov+1)...)
+	for i := range smallIov + 1 {
+		want[13+i] = byte(i)
+	}
+	got := make([]byte, len(want))
+	b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(b, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read %q, want %q", got, want)
+	}
+}
