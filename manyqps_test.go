@@ -1,8 +1,11 @@
 package gowarp_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -224,6 +227,117 @@ func benchManyQPsShared(b *testing.B, n int) {
 	}
 	b.StopTimer()
 	cpu := cpuTime() - cpu0
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkManyTCP is BenchmarkManyQPs's load on plain TCP, to tell what
+// of its fall with N is the kernel's: N loopback connections, each client
+// goroutine keeping eight 4 KiB operations in flight, alternately a Write
+// (a 4 KiB message, done once written, as a Write completes once sent)
+// and a Read (a request the server goroutine answers with 4 KiB, done when
+// the answer is read). Each message is one write(2); both sides read
+// through a 64 KiB buffer, as gowarp's receive path does.
+func BenchmarkManyTCP(b *testing.B) {
+	for _, n := range []int{1, 16, 64, 256} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { benchManyTCP(b, n) })
+	}
+}
+
+func benchManyTCP(b *testing.B, n int) {
+	const (
+		size  = 4 << 10
+		depth = 8
+		hdr   = 16
+	)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // the server side: store Writes, answer Reads
+				defer c.Close()
+				r := bufio.NewReaderSize(c, 64<<10)
+				msg := make([]byte, hdr+size)
+				for {
+					if _, err := io.ReadFull(r, msg[:hdr]); err != nil {
+						return
+					}
+					if msg[0] == 'W' {
+						if _, err := io.ReadFull(r, msg[hdr:]); err != nil {
+							return
+						}
+						continue
+					}
+					if _, err := c.Write(msg[hdr:]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		if conns[i], err = net.Dial("tcp", ln.Addr().String()); err != nil {
+			b.Fatal(err)
+		}
+		defer conns[i].Close()
+	}
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := bufio.NewReaderSize(c, 64<<10)
+			write := make([]byte, hdr+size)
+			write[0] = 'W'
+			read := make([]byte, hdr)
+			read[0] = 'R'
+			answer := make([]byte, size)
+			reads, k := 0, 0 // Reads in flight, operations posted
+			for {
+				// Writes are done once written; a Read holds its place
+				// in the window until its answer is read.
+				for reads < depth && left.Add(-1) >= 0 {
+					m := write
+					if k&1 == 1 {
+						m = read
+						reads++
+					}
+					k++
+					if _, err := c.Write(m); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+				if reads == 0 {
+					return
+				}
+				if _, err := io.ReadFull(r, answer); err != nil {
+					failed.Store(err)
+					return
+				}
+				reads--
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	cpu := cpuTime() - cpu0
+	if err, ok := failed.Load().(error); ok {
+		b.Fatal(err)
+	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
