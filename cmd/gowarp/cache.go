@@ -361,7 +361,7 @@ func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, st
 	dur := fs.Duration("duration", 2*time.Second, "time per case")
 	conc := fs.String("c", "16", "goroutines of the 4 KiB cases (the same for memcached and gowarp): `N[,N...]`, each in turn")
 	largeConc := fs.Int("large-c", 2, "goroutines of the 1 MiB cases")
-	conns := fs.Int("conns", 0, "the gowarp client's connections (0: 1)")
+	conns := fs.Int("conns", 0, "the gowarp client's connections (0: 2)")
 	keys := fs.Int("keys", 1000, "4 KiB values preloaded (1 MiB: a hundredth, at least 8)")
 	mcBin := fs.String("memcached", "memcached", "the memcached binary (scripts/memcached installs Debian's)")
 	rounds := fs.Int("rounds", 1, "repeat every case `N` times, the systems taking turns, and report each one's median round")
