@@ -38,3 +38,15 @@ func CloseSessionPath(s *Session, p int) {
 	s.mu.Unlock()
 	qp.Close()
 }
+
+// SessionReceived returns how many of the peer's messages s has taken in
+// (delivered or waiting for a receive).
+func SessionReceived(s *Session) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rcvd
+}
+
+// SessionCompletionsWaiting returns how many completions wait in the
+// session's CQ, not yet taken by its goroutine.
+func SessionCompletionsWaiting(s *Session) int { return s.cq.cq.Len() }

@@ -759,10 +759,26 @@ func (s *Session) deliver() {
 }
 
 // sendAcks acknowledges what was delivered, on the connection the peer's
-// messages come on.
+// messages come on or, once that has ended, on another that is up: an
+// acknowledgement sent on an ended connection may never have arrived, and
+// a peer whose window is full sends nothing more (on any connection) to
+// name a new one. The peer takes acknowledgements on any connection.
 func (s *Session) sendAcks() {
 	c := s.ackTo
-	if c == nil || c.dead || s.dlvd <= c.lastAck {
+	if c == nil || c.dead {
+		c = s.tx
+		for _, o := range s.conns {
+			if c != nil && !c.dead {
+				break
+			}
+			c = o
+		}
+		if c == nil || c.dead {
+			return
+		}
+		s.ackTo = c
+	}
+	if s.dlvd <= c.lastAck {
 		return
 	}
 	slot := c.ackNext

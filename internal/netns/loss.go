@@ -105,3 +105,46 @@ func ifname(n string) []byte {
 	copy(b, n)
 	return b
 }
+
+// Block drops every packet that leaves link (an end of a veth pair in
+// namespace ns), with an nftables rule in the end's namespace, until the
+// returned unblock removes the rule: unlike a link set down it leaves the
+// routes, and so the sockets' retransmissions, alone. It skips the test
+// where the kernel has no nf_tables.
+func Block(tb testing.TB, ns, link string) (unblock func()) {
+	tb.Helper()
+	fd, err := os.Open("/var/run/netns/" + ns)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { fd.Close() })
+	conn, err := nftables.New(nftables.WithNetNSFd(int(fd.Fd())))
+	if err != nil {
+		tb.Fatalf("netns: nftables in %s: %v", ns, err)
+	}
+	table := conn.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "gowarp_block_" + link})
+	chain := conn.AddChain(&nftables.Chain{Name: "out", Table: table, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
+	conn.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(link)},
+		&expr.Verdict{Kind: expr.VerdictDrop}}})
+	if err := conn.Flush(); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EAFNOSUPPORT) {
+			tb.Skipf("netns: cannot add an nf_tables rule in %s (is nf_tables not in this kernel?): %v", ns, err)
+		}
+		tb.Fatalf("netns: nftables block of %s in %s: %v", link, ns, err)
+	}
+	done := false
+	return func() {
+		tb.Helper()
+		if done {
+			return
+		}
+		done = true
+		conn.DelTable(table)
+		if err := conn.Flush(); err != nil {
+			tb.Fatalf("netns: removing the block of %s in %s: %v", link, ns, err)
+		}
+	}
+}
