@@ -150,6 +150,8 @@ type block struct {
 	use   uint64 // the store's clock at its last lookup
 	hot   bool   // resident: counted against the budget
 	open  bool   // the block small values are bumped into
+	// rekeyed: free, and its old key revoked already (newBlock).
+	rekeyed bool
 }
 
 func (b *block) stag() uint32 { return b.index<<8 | uint32(b.key) }
@@ -344,12 +346,25 @@ func (s *store) close() error {
 // newBlock returns a block with room for a piece of n bytes: a free one,
 // or a new file.
 func (s *store) newBlock() (*block, error) {
-	if len(s.free) > 0 {
-		b := s.free[len(s.free)-1]
-		s.free = s.free[:len(s.free)-1]
-		if err := s.reuse(b); err != nil {
-			return nil, err
+	for i := len(s.free) - 1; i >= 0; i-- {
+		b := s.free[i]
+		if !b.rekeyed {
+			if err := s.reuse(b); err != nil {
+				return nil, err
+			}
+			b.rekeyed = true
 		}
+		// A Read through the old key that the responder took before the
+		// revoke may still be copying the block out (to a peer slow to
+		// read, for as long as its link lives): bytes written now would
+		// reach it under the old value's header, which a read of part of
+		// a piece takes as proof. The block waits on the list, under its
+		// new key, until no access is under way.
+		if b.mr.InUse() {
+			continue
+		}
+		s.free = append(s.free[:i], s.free[i+1:]...)
+		b.rekeyed = false
 		return b, nil
 	}
 	if len(s.blocks) >= 1<<20 {
