@@ -259,15 +259,13 @@ type QP struct {
 	// rxHand gives the path back to the receive goroutine (the watcher,
 	// reclaim.go); rxInline is set while a waiter holds it; waitDone is
 	// the last inline waiter's ctx.Done, if any, written under rxMu and
-	// waitMu (the watcher reads it under waitMu). watched and rxSeen
-	// (the generation last seen, under the watcher's lock) are the
-	// watcher's.
+	// waitMu (the watcher reads it under waitMu). watched is the
+	// watcher's flag: q is in its list.
 	rxHand   chan struct{}
 	rxInline atomic.Bool
 	waitMu   sync.Mutex
 	waitDone <-chan struct{}
 	watched  atomic.Bool
-	rxSeen   uint64
 	rxDL     time.Time    // the read deadline the holder of the path last set
 	rxWakes  atomic.Int64 // times the receive goroutine woke to take the path (tests)
 	dcLooks  atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)

@@ -37,7 +37,7 @@ var waitWatcher watcher
 
 type watcher struct {
 	mu      sync.Mutex
-	qps     []*QP
+	qps     []watched
 	started bool
 	idle    bool          // the goroutine waits on wake: nothing is watched
 	wake    chan struct{} // wakes it when something is
@@ -49,6 +49,16 @@ type watcher struct {
 	// and a select (with hundreds of waiters that is most of the scan).
 	fast     int
 	ctxLooks int // contexts of inline waiters looked at (tests)
+}
+
+// watched is a queue pair under the watcher and the generation of its
+// receive path last seen (rxAppGen). The generation is kept here, not in
+// the QP: a write there at every look, beside the fields its receive path
+// writes at every wait, took the line from the core running that path,
+// once per queue pair and tick (issue 7: the watcher's cost grew with N).
+type watched struct {
+	q    *QP
+	seen uint64
 }
 
 // ctxEvery is how many rxReclaim ticks pass between two looks at the
@@ -65,8 +75,8 @@ func (w *watcher) watch(q *QP) {
 	w.mu.Lock()
 	if !q.watched.Load() {
 		q.watched.Store(true)
-		q.rxSeen = q.rxAppGen.Load() - 1 // a leave just happened, or a wait began
-		w.qps = append(w.qps, q)
+		// seen: a leave just happened, or a wait began
+		w.qps = append(w.qps, watched{q, q.rxAppGen.Load() - 1})
 		switch {
 		case !w.started:
 			// One goroutine for the process, which stays (parked when
@@ -127,10 +137,11 @@ func (w *watcher) tick() (idle bool) {
 // Inline waiters' contexts are looked at only if full.
 func (w *watcher) scan(full bool) (reclaiming bool) {
 	keep := w.qps[:0]
-	for _, q := range w.qps {
-		if w.look(q, full) {
-			keep = append(keep, q)
-			if !q.rxInline.Load() {
+	for _, e := range w.qps {
+		inline, ok := w.look(&e, full)
+		if ok {
+			keep = append(keep, e)
+			if !inline {
 				reclaiming = true
 			}
 		}
@@ -140,22 +151,25 @@ func (w *watcher) scan(full bool) (reclaiming bool) {
 	return reclaiming
 }
 
-// look acts on one queue pair and reports whether to keep watching it.
+// look acts on one queue pair and reports whether to keep watching it,
+// and whether a waiter held its path when looked at (rxInline, read once).
 // An inline waiter's context is looked at only if full.
-func (w *watcher) look(q *QP, full bool) bool {
+func (w *watcher) look(e *watched, full bool) (inline, keep bool) {
+	q := e.q
 	gen := q.rxAppGen.Load()
-	if !full && q.rxInline.Load() {
+	inline = q.rxInline.Load()
+	if !full && inline {
 		// Its failure, if any, is seen at the next full look or after it
 		// leaves: one cache line less per waiter and tick.
-		q.rxSeen = gen
-		return true
+		e.seen = gen
+		return true, true
 	}
 	if q.State() == StateError {
 		q.watched.Store(false)
 		q.handRx() // its receive goroutine ends
-		return false
+		return inline, false
 	}
-	if q.rxInline.Load() {
+	if inline {
 		w.ctxLooks++
 		q.waitMu.Lock()
 		if d := q.waitDone; d != nil {
@@ -165,29 +179,29 @@ func (w *watcher) look(q *QP, full bool) bool {
 			default:
 			}
 			q.waitMu.Unlock()
-			q.rxSeen = gen
-			return true
+			e.seen = gen
+			return true, true
 		}
 		q.waitMu.Unlock()
 		// A waiter that cannot be cancelled needs no watching until it
 		// leaves; leaving watches it again. Drop it the way an idle one
 		// is dropped below, so a leave is never missed.
-	} else if gen != q.rxSeen {
-		q.rxSeen = gen // came back and left within the period: wait another
-		return true
+	} else if gen != e.seen {
+		e.seen = gen // came back and left within the period: wait another
+		return false, true
 	}
 	q.watched.Store(false)
 	if q.rxAppGen.Load() != gen {
 		// A leave slipped in before the flag fell: keep watching, as its
 		// watch call saw the flag still up.
 		q.watched.Store(true)
-		q.rxSeen = gen
-		return true
+		e.seen = gen
+		return q.rxInline.Load(), true // it left: tick at rxReclaim
 	}
 	if !q.rxInline.Load() {
 		q.handRx()
 	}
-	return false
+	return inline, false
 }
 
 // handRx gives the receive path back to the receive goroutine: it takes

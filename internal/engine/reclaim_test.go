@@ -255,12 +255,12 @@ func TestWatcherCtxLooks(t *testing.T) {
 		q.rxInline.Store(true)
 		q.waitDone = make(chan struct{}) // a cancellable context, never done
 		q.watched.Store(true)
-		w.qps = append(w.qps, q)
+		w.qps = append(w.qps, watched{q: q})
 	}
 	left := &QP{} // a path its waiter keeps coming back to and leaving
 	left.state.Store(int32(StateReady))
 	left.watched.Store(true)
-	w.qps = append(w.qps, left)
+	w.qps = append(w.qps, watched{q: left})
 	for range ticks {
 		left.rxAppGen.Add(1)
 		if w.tick() {
