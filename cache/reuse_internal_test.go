@@ -33,7 +33,7 @@ func (c *gatedConn) Read(b []byte) (int, error) {
 // the new value's under the old header.
 func TestReuseWaitsForReads(t *testing.T) {
 	const bs = 1 << 20
-	addr, _ := serveT(t, ServerOptions{BlockSize: bs})
+	addr, srv := serveT(t, ServerOptions{BlockSize: bs})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cl, err := Dial(ctx, addr, ClientOptions{Logger: discard, Lookup: LookupControl})
@@ -87,7 +87,27 @@ func TestReuseWaitsForReads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // the server's transmit fills the sockets and waits
+	// The server's transmit fills the sockets and waits, holding the
+	// block: wait until it does, so that the reuse below meets a Read
+	// under way however slow the host.
+	srv.st.mu.Lock()
+	var mr *gowarp.MR
+	for _, b := range srv.st.blocks {
+		if b.stag()>>8 == pa.STag>>8 {
+			mr = b.mr
+		}
+	}
+	srv.st.mu.Unlock()
+	if mr == nil {
+		t.Fatalf("no block of STag %#x", pa.STag)
+	}
+	for !mr.InUse() {
+		if ctx.Err() != nil {
+			t.Fatal("the server never began answering the Reads")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // and let the sockets fill
 
 	// a's block is freed, and a value as large wants a block.
 	if err := cl.Delete(ctx, "a"); err != nil {
