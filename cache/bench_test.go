@@ -1,6 +1,7 @@
 package cache_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 
@@ -66,31 +67,12 @@ func BenchmarkLookupRead1MIndex(b *testing.B)         { benchLookupRead1M(b, cac
 func BenchmarkLookupRead1MIndex2Conns(b *testing.B)   { benchLookupRead1M(b, cache.LookupIndex, 2) }
 
 func benchLookupRead1M(b *testing.B, lookup cache.LookupMode, conns int) {
-	addr, _, _ := startServer(b, cache.ServerOptions{})
-	c := dial(b, addr, cache.ClientOptions{Lookup: lookup, Conns: conns})
-	ctx := ctxT(b)
-	v := value(1, 1<<20)
-	for i := range 10 {
-		if err := c.Put(ctx, key4K(i), v, cache.PutOptions{}); err != nil {
-			b.Fatal(err)
+	bench1M(b, cache.ClientOptions{Lookup: lookup, Conns: conns}, func(ctx context.Context, c *cache.Client, key string, mr *gowarp.MR) error {
+		e, err := c.Lookup(ctx, key)
+		if err == nil {
+			_, err = c.ReadEntry(ctx, e, mr, 0, 1<<20, 0)
 		}
-	}
-	var next atomic.Int64
-	b.SetParallelism(1)
-	b.SetBytes(1 << 20)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		mr, _ := c.PD().Register(make([]byte, 1<<20), gowarp.LocalWrite)
-		for pb.Next() {
-			e, err := c.Lookup(ctx, key4K(int(next.Add(1)%10)))
-			if err == nil {
-				_, err = c.ReadEntry(ctx, e, mr, 0, 1<<20, 0)
-			}
-			if err != nil {
-				b.Error(err)
-				return
-			}
-		}
+		return err
 	})
 }
 
@@ -98,8 +80,17 @@ func benchLookupRead1M(b *testing.B, lookup cache.LookupMode, conns int) {
 // goroutine per GOMAXPROCS (2 in flight on 2 CPUs, as `gowarp cache
 // bench` reads them).
 func BenchmarkReadAt1M(b *testing.B) {
+	bench1M(b, cache.ClientOptions{}, func(ctx context.Context, c *cache.Client, key string, mr *gowarp.MR) error {
+		_, err := c.ReadAt(ctx, key, mr, 0, 1<<20, 0)
+		return err
+	})
+}
+
+// bench1M puts ten 1 MiB values and reads them in turn with read, one
+// goroutine per GOMAXPROCS, each into a registered buffer of its own.
+func bench1M(b *testing.B, o cache.ClientOptions, read func(ctx context.Context, c *cache.Client, key string, mr *gowarp.MR) error) {
 	addr, _, _ := startServer(b, cache.ServerOptions{})
-	c := dial(b, addr, cache.ClientOptions{})
+	c := dial(b, addr, o)
 	ctx := ctxT(b)
 	v := value(1, 1<<20)
 	for i := range 10 {
@@ -112,9 +103,13 @@ func BenchmarkReadAt1M(b *testing.B) {
 	b.SetBytes(1 << 20)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		mr, _ := c.PD().Register(make([]byte, 1<<20), gowarp.LocalWrite)
+		mr, err := c.PD().Register(make([]byte, 1<<20), gowarp.LocalWrite)
+		if err != nil {
+			b.Error(err)
+			return
+		}
 		for pb.Next() {
-			if _, err := c.ReadAt(ctx, key4K(int(next.Add(1)%10)), mr, 0, 1<<20, 0); err != nil {
+			if err := read(ctx, c, key4K(int(next.Add(1)%10)), mr); err != nil {
 				b.Error(err)
 				return
 			}

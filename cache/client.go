@@ -341,7 +341,7 @@ func (c *Client) GetInto(ctx context.Context, key string, dst []byte, o GetOptio
 		if e.Size > c.MaxValue() && c.MaxValue() > 0 {
 			return fmt.Errorf("%w: the server says %d bytes", ErrMalformed, e.Size)
 		}
-		if len(e.Addrs) == 1 && e.Size == int64(e.Addrs[0].Len) && HeaderLen+e.Size <= InlineMax {
+		if e.oneRead() {
 			// Small and one piece: one Read, then a copy (see readSmall).
 			v, err := cc.readSmall(ctx, s, e)
 			if err == nil {
@@ -791,10 +791,14 @@ func (cc *cliConn) lostErr() error {
 	return fmt.Errorf("%w: %w", errConnLost, cc.err)
 }
 
-// await waits until ready reports true (an event of the caller's slot
-// waiting, a free slot), leading the polling of the completion queue
-// when no one else does. It returns a lost connection's error, or ctx's.
-func (cc *cliConn) await(ctx context.Context, ready func() bool) error {
+// await waits until ready reports true (a free slot), or, given ev (the
+// caller's slot's events), until an event comes on ev, which it takes,
+// leading the polling of the completion queue when no one else does. A
+// caller not leading waits on ev as well as for the lead, so that the
+// leader's hand-over of its completion wakes it at once rather than
+// when the lead comes to it. It returns a lost connection's error, or
+// ctx's.
+func (cc *cliConn) await(ctx context.Context, ready func() bool, ev chan struct{}) error {
 	token := false // this caller holds the lead's hand-over token
 	defer func() {
 		if token { // not used: to the next waiter
@@ -802,7 +806,13 @@ func (cc *cliConn) await(ctx context.Context, ready func() bool) error {
 		}
 	}()
 	for {
-		if ready() {
+		if ev != nil {
+			select {
+			case <-ev:
+				return nil
+			default:
+			}
+		} else if ready() {
 			return nil
 		}
 		if cc.failed() {
@@ -820,6 +830,8 @@ func (cc *cliConn) await(ctx context.Context, ready func() bool) error {
 		}
 		token = false // the leader, when it leaves, passes the lead on
 		select {
+		case <-ev: // never, without ev
+			return nil
 		case <-cc.pollFree:
 			token = true
 		case <-cc.dead:
@@ -827,52 +839,13 @@ func (cc *cliConn) await(ctx context.Context, ready func() bool) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		// Or it was our event the last leader handed us: look again.
+		// Or it was what we wait for that the last leader handed us: look again.
 	}
 }
 
-// awaitEv is await for an event of slot s, which it takes: a caller
-// not leading waits on its slot's channel as well as for the lead, so
-// that the leader's hand-over of its completion wakes it at once,
-// rather than when the lead comes to it.
+// awaitEv is await for an event of slot s, which it takes.
 func (cc *cliConn) awaitEv(ctx context.Context, s *cslot) error {
-	token := false // this caller holds the lead's hand-over token
-	defer func() {
-		if token { // not used: to the next waiter
-			cc.passLead()
-		}
-	}()
-	for {
-		select {
-		case <-s.ev:
-			return nil
-		default:
-		}
-		if cc.failed() {
-			return cc.lostErr()
-		}
-		if cc.pollMu.TryLock() {
-			token = false
-			err := cc.lead(ctx, s.evReady)
-			cc.pollMu.Unlock()
-			cc.passLead()
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		token = false // the leader, when it leaves, passes the lead on
-		select {
-		case <-s.ev:
-			return nil
-		case <-cc.pollFree:
-			token = true
-		case <-cc.dead:
-			return cc.lostErr()
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	return cc.await(ctx, s.evReady, s.ev)
 }
 
 // passLead wakes one caller waiting for the lead, if any.
@@ -982,7 +955,7 @@ func (cc *cliConn) acquire(ctx context.Context) (*cslot, error) {
 			return nil, ctx.Err()
 		default:
 		}
-		if err := cc.await(ctx, cc.slotFree); err != nil {
+		if err := cc.await(ctx, cc.slotFree, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -1160,8 +1133,7 @@ func (cc *cliConn) readIn(ctx context.Context, s *cslot, e *Entry, dst *gowarp.M
 	if int64(n) > e.Size-off {
 		n, eof = int(e.Size-off), io.EOF
 	}
-	if len(e.Addrs) == 1 && off == 0 && int64(n) == e.Size && e.Size == int64(e.Addrs[0].Len) &&
-		HeaderLen+n <= InlineMax && dst.Bytes() != nil {
+	if e.oneRead() && off == 0 && int64(n) == e.Size && dst.Bytes() != nil {
 		// One piece read whole, and small: one Read of its header and
 		// bytes into the slot's bounce buffer, then a copy. The CRC
 		// proves the bytes: a Read torn by a rewrite fails it, and one of
@@ -1248,9 +1220,16 @@ func (cc *cliConn) readIn(ctx context.Context, s *cslot, e *Entry, dst *gowarp.M
 	return done, eof
 }
 
+// oneRead reports whether e's value is read whole with one Read of its
+// header and bytes (readSmall): one piece, small enough for a slot's
+// bounce buffer.
+func (e *Entry) oneRead() bool {
+	return len(e.Addrs) == 1 && e.Size == int64(e.Addrs[0].Len) && HeaderLen+e.Size <= InlineMax
+}
+
 // readSmall reads the one piece of e, header and bytes with one Read,
 // into slot s's bounce buffer and returns its bytes there once checked.
-// The caller checked that the piece fits (HeaderLen+Len <= InlineMax).
+// The caller checked e.oneRead().
 func (cc *cliConn) readSmall(ctx context.Context, s *cslot, e *Entry) ([]byte, error) {
 	a := e.Addrs[0]
 	off, n := s.i*InlineMax, HeaderLen+int(a.Len)
