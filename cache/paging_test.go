@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/cache"
@@ -231,4 +234,75 @@ func TestBudgetAfterLargePut(t *testing.T) {
 	if err != nil || !bytes.Equal(dst.Bytes()[:n], big) {
 		t.Fatalf("ReadAt big: %d bytes, %v", n, err)
 	}
+}
+
+// BenchmarkPutOverBudget puts 64 KiB values, 4 at a time, into a server
+// whose budget holds 2 blocks of 256 KiB: most puts page a block in and
+// one out, and the store's lock is held meanwhile for whatever paging
+// does there.
+func BenchmarkPutOverBudget(b *testing.B) {
+	addr, _, _ := startServer(b, cache.ServerOptions{BlockSize: 256 << 10, Budget: 512 << 10})
+	c := dial(b, addr, cache.ClientOptions{})
+	ctx := ctxT(b)
+	v := value(1, 64<<10)
+	var next atomic.Int64
+	b.SetParallelism(2)
+	b.SetBytes(int64(len(v)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := fmt.Sprintf("over-%d", next.Add(1)%256)
+			if err := c.Put(ctx, k, v, cache.PutOptions{}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkGetWhilePaging gets a small value by the control path while
+// another client puts 64 KiB values over the budget, as in
+// BenchmarkPutOverBudget: what paging costs those who do not page.
+func BenchmarkGetWhilePaging(b *testing.B) {
+	addr, _, _ := startServer(b, cache.ServerOptions{BlockSize: 256 << 10, Budget: 512 << 10})
+	c := dial(b, addr, cache.ClientOptions{})
+	w := dial(b, addr, cache.ClientOptions{})
+	ctx := ctxT(b)
+	if err := c.Put(ctx, "small", value(2, 100), cache.PutOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	v := value(1, 64<<10)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := w.Put(ctx, fmt.Sprintf("over-%d", i%256), v, cache.PutOptions{}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	}()
+	var buf []byte
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		var err error
+		t0 := time.Now()
+		if buf, err = c.GetInto(ctx, "small", buf, cache.GetOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		lat[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	close(stop)
+	<-done
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }

@@ -197,6 +197,20 @@ type store struct {
 	bytes    uint64
 	pageIns  uint64
 	pageOuts uint64
+
+	// Page-outs are finished by the pager, off the lock: the write-back
+	// of a block's dirty pages (an fsync) would stall every control
+	// operation meanwhile.
+	outs      []pageOut // for the pager
+	pagerWake chan struct{}
+	pagerQuit chan struct{}
+	pagerDone chan struct{}
+}
+
+// pageOut is a block paged out whose memory the pager gives back.
+type pageOut struct {
+	mem []byte
+	f   *os.File
 }
 
 func openStore(dir string, bs, budget, maxValue int64, idxBuckets int, pd *gowarp.PD) (*store, error) {
@@ -210,7 +224,9 @@ func openStore(dir string, bs, budget, maxValue int64, idxBuckets int, pd *gowar
 	if err != nil {
 		return nil, fmt.Errorf("cache: index: %w", err)
 	}
-	s := &store{dir: dir, bs: bs, maxValue: maxValue, pd: pd, db: db, vals: make(map[string]*record)}
+	s := &store{dir: dir, bs: bs, maxValue: maxValue, pd: pd, db: db, vals: make(map[string]*record),
+		pagerWake: make(chan struct{}, 1), pagerQuit: make(chan struct{}), pagerDone: make(chan struct{})}
+	go s.pager()
 	s.maxRes = int(max(1, budget/bs))
 	err = s.load()
 	for _, b := range s.blocks {
@@ -323,6 +339,9 @@ func (s *store) closeFiles() {
 
 // close deregisters the resident blocks and closes the files and index.
 func (s *store) close() error {
+	// The pager first, which uses the mappings and files.
+	close(s.pagerQuit)
+	<-s.pagerDone
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
@@ -475,10 +494,11 @@ func (s *store) pageIn(b *block) {
 func blockAddr(id uint32) uint64 { return uint64(id+1) << 32 }
 
 // evict pages out the least recently used resident block nobody is
-// writing: its dirty pages are written to its file, then its pages leave
-// the mapping and the page cache. It stays registered: a client's Read
-// through an address it kept faults the pages back in from the file and
-// is served the same bytes. False if there is no block to page out.
+// writing: it no longer counts against the budget, and the pager writes
+// its dirty pages to its file, then drops its pages from the mapping and
+// the page cache. It stays registered: a client's Read through an
+// address it kept faults the pages back in from the file and is served
+// the same bytes. False if there is no block to page out.
 func (s *store) evict() bool {
 	var v *block
 	for _, b := range s.blocks {
@@ -492,10 +512,37 @@ func (s *store) evict() bool {
 	v.hot = false
 	s.resident--
 	s.pageOuts++
-	_ = v.f.Sync() // the pages must be clean for the kernel to drop them
-	_ = unix.Madvise(v.mr.Bytes(), unix.MADV_DONTNEED)
-	_ = unix.Fadvise(int(v.f.Fd()), 0, s.bs, unix.FADV_DONTNEED)
+	s.outs = append(s.outs, pageOut{mem: v.mr.Bytes(), f: v.f})
+	select {
+	case s.pagerWake <- struct{}{}:
+	default: // awake already
+	}
 	return true
+}
+
+// pager gives back the memory of paged-out blocks until the store
+// closes. A block paged in again meanwhile loses nothing: its mapping is
+// shared, so dropping pages only makes the next access fault them back
+// in from the page cache or the file.
+func (s *store) pager() {
+	defer close(s.pagerDone)
+	var batch []pageOut
+	for {
+		select {
+		case <-s.pagerWake:
+		case <-s.pagerQuit:
+			return
+		}
+		s.mu.Lock()
+		batch, s.outs = s.outs, batch[:0]
+		s.mu.Unlock()
+		for i, p := range batch {
+			_ = p.f.Sync() // the pages must be clean for the kernel to drop them
+			_ = unix.Madvise(p.mem, unix.MADV_DONTNEED)
+			_ = unix.Fadvise(int(p.f.Fd()), 0, s.bs, unix.FADV_DONTNEED)
+			batch[i] = pageOut{}
+		}
+	}
 }
 
 // alloc places a value of size n: its pieces, each in a block with room.
