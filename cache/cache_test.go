@@ -147,6 +147,44 @@ func TestPutGet(t *testing.T) {
 	}
 }
 
+// TestSmallBlocks: blocks smaller than InlineMax hold inline values in
+// several pieces, each with its own header; values of every size read
+// back whole, by Get and by ReadAt, also after a restart.
+func TestSmallBlocks(t *testing.T) {
+	dir := t.TempDir()
+	sizes := []int{0, 1, 4096 - cache.HeaderLen, 4096 - cache.HeaderLen + 1, 10 << 10, cache.InlineMax, cache.InlineMax + 1, 100 << 10}
+	for round := range 2 { // the second after a restart
+		addr, _, stop := startServer(t, cache.ServerOptions{Dir: dir, BlockSize: 4096})
+		c := dial(t, addr, cache.ClientOptions{})
+		ctx := ctxT(t)
+		dst, err := c.PD().Register(make([]byte, 100<<10), gowarp.LocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range sizes {
+			key := fmt.Sprintf("s%02d", i)
+			v := value(uint64(i+7), n)
+			if round == 0 {
+				if err := c.Put(ctx, key, v, cache.PutOptions{Durable: i%2 == 0}); err != nil {
+					t.Fatalf("put %d bytes: %v", n, err)
+				}
+			}
+			if got, err := c.Get(ctx, key); err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("round %d: get %d bytes: %d bytes, %v", round, n, len(got), err)
+			}
+			if n == 0 {
+				continue
+			}
+			clear(dst.Bytes())
+			if k, err := c.ReadAt(ctx, key, dst, 0, n, 0); err != nil || k != n || !bytes.Equal(dst.Bytes()[:n], v) {
+				t.Fatalf("round %d: ReadAt %d bytes: %d, %v", round, n, k, err)
+			}
+		}
+		c.Close()
+		stop()
+	}
+}
+
 // TestReadAtWriteAt: zero-copy reads of ranges and a write from a
 // registered buffer.
 func TestReadAtWriteAt(t *testing.T) {

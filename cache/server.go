@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"math"
 	"os"
@@ -342,6 +341,7 @@ type srvConn struct {
 	out     Msg
 	scratch []byte
 	addrs   []Addr
+	crcs    []uint32 // a commit's pieces' CRCs
 }
 
 type pendingPut struct {
@@ -538,8 +538,23 @@ func (c *srvConn) handle(in, out *Msg) error {
 			return err
 		}
 		gen := st.nextGen()
-		r := &record{gen: gen, size: uint64(len(in.Value)), ext: ext, sum: crc32Of(in.Value), hasSum: true}
-		err = st.writePiece(ext[0], gen, 0, in.Value)
+		r := &record{gen: gen, size: uint64(len(in.Value)), ext: ext, hasSum: true}
+		// Blocks smaller than InlineMax hold an inline value in several
+		// pieces.
+		data := in.Value
+		for i, e := range ext {
+			piece := data[:e.n]
+			data = data[e.n:]
+			crc := crc32Of(piece)
+			if i == 0 {
+				r.sum = crc
+			} else {
+				r.sum = crc32Combine(r.sum, crc, int64(e.n))
+			}
+			if err == nil {
+				err = st.writePiece(e, gen, i, piece, crc)
+			}
+		}
 		if err == nil && durable {
 			err = st.syncBlocks(ext)
 		}
@@ -617,15 +632,18 @@ func (c *srvConn) handle(in, out *Msg) error {
 		c.pending[gen] = &pendingPut{key: key, rec: r}
 		out.Gen, out.Size = gen, in.Size
 	case OpCommit:
-		st.mu.Lock()
-		defer st.mu.Unlock()
 		p := c.pending[in.Gen]
 		if p == nil || p.key != key {
 			return fmt.Errorf("%w: no allocation %d for %q on this connection", ErrBadRequest, in.Gen, key)
 		}
 		delete(c.pending, in.Gen)
 		r := p.rec
-		err := st.sealPieces(r)
+		// What landed is summed off the lock (a value may be 64 MiB):
+		// its blocks are pinned until the end of the commit.
+		c.crcs = st.pieceCRCs(r, c.crcs[:0])
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		err := st.sealPieces(r, c.crcs)
 		if err == nil && durable {
 			err = st.syncBlocks(r.ext)
 		}
@@ -680,21 +698,34 @@ func (s *Server) countPut(n int, durable bool) {
 	}
 }
 
-// sealPieces writes the headers of a value the client wrote with RDMA:
-// the CRC of what landed, read from the block's mapping; and the whole
-// value's sum (the one piece's CRC, or one more pass over several).
-func (st *store) sealPieces(r *record) error {
+// pieceCRCs appends to dst the CRCs of what landed in the pieces of a
+// value the client wrote with RDMA, read from the blocks' mappings. The
+// store's lock is held only to find the blocks.
+func (st *store) pieceCRCs(r *record, dst []uint32) []uint32 {
+	st.mu.Lock()
+	mems := make([][]byte, len(r.ext))
+	for i, e := range r.ext {
+		mems[i] = st.blocks[e.block].mr.Bytes()[int64(e.off)+HeaderLen : int64(e.off)+HeaderLen+int64(e.n)]
+	}
+	st.mu.Unlock()
+	for _, m := range mems {
+		dst = append(dst, crc32Of(m))
+	}
+	return dst
+}
+
+// sealPieces writes the headers of a value the client wrote with RDMA,
+// given its pieces' CRCs (pieceCRCs), and sets the whole value's sum,
+// combined from them.
+func (st *store) sealPieces(r *record, crcs []uint32) error {
 	r.sum, r.hasSum = 0, true
 	for i, e := range r.ext {
-		b := st.blocks[e.block]
-		data := b.mr.Bytes()[int64(e.off)+HeaderLen : int64(e.off)+HeaderLen+int64(e.n)]
-		crc := crc32Of(data)
-		if len(r.ext) == 1 {
-			r.sum = crc
+		if i == 0 {
+			r.sum = crcs[0]
 		} else {
-			r.sum = crc32.Update(r.sum, castagnoli, data)
+			r.sum = crc32Combine(r.sum, crcs[i], int64(e.n))
 		}
-		if err := st.writeHeader(e, header{Gen: r.gen, Len: e.n, CRC: crc, Piece: uint16(i)}); err != nil {
+		if err := st.writeHeader(e, header{Gen: r.gen, Len: e.n, CRC: crcs[i], Piece: uint16(i)}); err != nil {
 			return err
 		}
 	}

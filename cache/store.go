@@ -564,7 +564,12 @@ func (s *store) alloc(n int64, rdma bool) ([]extent, error) {
 		if b == nil || b.used+alignUp(HeaderLen+p) > s.bs {
 			if b != nil {
 				b.open = false
-				s.maybeFree(b)
+				// Not if it holds this value's last piece, which is not
+				// live yet (nor pinned, written inline): the next piece
+				// would land in it again, over this one.
+				if len(ext) == 0 || ext[len(ext)-1].block != b.id {
+					s.maybeFree(b)
+				}
 			}
 			nb, err := s.newBlock()
 			if err != nil {
@@ -619,13 +624,14 @@ func (s *store) nextGen() uint64 {
 	return s.gen
 }
 
-// writePiece writes a piece's bytes and then its header with pwrite.
-func (s *store) writePiece(e extent, gen uint64, piece int, data []byte) error {
+// writePiece writes a piece's bytes, whose CRC is crc, and then its
+// header with pwrite.
+func (s *store) writePiece(e extent, gen uint64, piece int, data []byte, crc uint32) error {
 	f := s.blocks[e.block].f
 	if _, err := f.WriteAt(data, int64(e.off)+HeaderLen); err != nil {
 		return fmt.Errorf("%w: %w", ErrServer, err)
 	}
-	return s.writeHeader(e, header{Gen: gen, Len: e.n, CRC: crc32Of(data), Piece: uint16(piece)})
+	return s.writeHeader(e, header{Gen: gen, Len: e.n, CRC: crc, Piece: uint16(piece)})
 }
 
 func (s *store) writeHeader(e extent, h header) error {
