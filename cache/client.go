@@ -324,7 +324,7 @@ func (c *Client) GetInto(ctx context.Context, key string, dst []byte, o GetOptio
 		}
 		if e == nil {
 			s.inline, s.inlineCopy = dst[:0], true
-			r, err := cc.callIn(ctx, s, &Msg{Op: OpGet, Key: []byte(key)}, nil)
+			r, err := cc.callIn(ctx, s, &Msg{Op: OpGet, Key: []byte(key), Flags: cc.missFlag(true)}, nil)
 			got := s.inline
 			s.inline, s.inlineCopy = nil, false
 			if err != nil {
@@ -418,7 +418,7 @@ func (cc *cliConn) lookupIn(ctx context.Context, s *cslot, key string, index boo
 			return e, err
 		}
 	}
-	r, err := cc.callIn(ctx, s, &Msg{Op: OpLookup, Key: []byte(key)}, nil)
+	r, err := cc.callIn(ctx, s, &Msg{Op: OpLookup, Key: []byte(key), Flags: cc.missFlag(index)}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -429,6 +429,15 @@ func (cc *cliConn) lookupIn(ctx context.Context, s *cslot, key string, index boo
 }
 
 func (cc *cliConn) useIndex() bool { return cc.cl.o.Lookup == LookupIndex && cc.srv.IdxVersion != 0 }
+
+// missFlag is the flag of a control-path lookup that the index did not
+// answer, when it was asked (asked and the client reads it).
+func (cc *cliConn) missFlag(asked bool) uint8 {
+	if asked && cc.useIndex() {
+		return FlagIndexMiss
+	}
+	return 0
+}
 
 // idxTries bounds the Reads of a neighbourhood that keeps reading torn
 // (the server rewriting it): then the control path answers.

@@ -55,6 +55,10 @@ const (
 	FlagInline
 	// FlagMore (list reply): more keys follow the last one.
 	FlagMore
+	// FlagIndexMiss (get, lookup): the client reads the index, which did
+	// not answer for the key (not there, or an entry that failed):
+	// counted in Stats.IndexMisses.
+	FlagIndexMiss
 )
 
 // Limits of the format.
@@ -267,6 +271,9 @@ type Stats struct {
 	// lookups served without the control path (a torn bucket read again
 	// counts twice).
 	IndexReads uint64
+	// IndexMisses counts the lookups of clients that read the index that
+	// came to the control path all the same (FlagIndexMiss).
+	IndexMisses uint64
 }
 
 // statsFields is how many fields a stats block has at least: those of
@@ -277,7 +284,7 @@ const statsFields = 18
 func (s *Stats) fields() []*uint64 {
 	return []*uint64{&s.Keys, &s.Bytes, &s.Blocks, &s.Resident, &s.BlockSize, &s.Budget, &s.Puts, &s.Gets,
 		&s.Hits, &s.Misses, &s.Deletes, &s.PageIns, &s.PageOuts, &s.Errors, &s.Conns, &s.BytesIn, &s.BytesOut, &s.DurablePuts,
-		&s.IndexBuckets, &s.IndexEntries, &s.IndexUpdates, &s.IndexRemoves, &s.IndexOverflow, &s.IndexReads}
+		&s.IndexBuckets, &s.IndexEntries, &s.IndexUpdates, &s.IndexRemoves, &s.IndexOverflow, &s.IndexReads, &s.IndexMisses}
 }
 
 func (s *Stats) appendTo(b []byte) []byte {

@@ -76,7 +76,7 @@ func TestMsgMalformed(t *testing.T) {
 // with the fields this version knows, and a block shorter than the first
 // version is refused.
 func TestStatsVersions(t *testing.T) {
-	full := Stats{Keys: 1, DurablePuts: 2, IndexBuckets: 3, IndexReads: 4}
+	full := Stats{Keys: 1, DurablePuts: 2, IndexBuckets: 3, IndexReads: 4, IndexMisses: 5}
 	b := full.appendTo(nil)
 	if got, err := decodeStats(b); err != nil || got != full {
 		t.Errorf("round trip: %+v, %v", got, err)

@@ -124,7 +124,7 @@ type Server struct {
 	closed bool
 	wg     sync.WaitGroup
 
-	puts, gets, hits, misses, deletes, errs, bytesIn, bytesOut, durable atomic.Uint64
+	puts, gets, hits, misses, deletes, errs, bytesIn, bytesOut, durable, idxMisses atomic.Uint64
 }
 
 // NewServer opens (or creates) the data directory and loads its index.
@@ -151,7 +151,7 @@ func (s *Server) Dir() string { return s.o.Dir }
 func (s *Server) Stats() Stats {
 	st := Stats{Puts: s.puts.Load(), Gets: s.gets.Load(), Hits: s.hits.Load(), Misses: s.misses.Load(),
 		Deletes: s.deletes.Load(), Errors: s.errs.Load(), BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
-		DurablePuts: s.durable.Load(), BlockSize: uint64(s.o.BlockSize), Budget: uint64(s.o.Budget)}
+		DurablePuts: s.durable.Load(), BlockSize: uint64(s.o.BlockSize), Budget: uint64(s.o.Budget), IndexMisses: s.idxMisses.Load()}
 	s.mu.Lock()
 	st.Conns = uint64(len(s.conns))
 	s.mu.Unlock()
@@ -571,6 +571,9 @@ func (c *srvConn) handle(in, out *Msg) error {
 		out.Gen = gen
 	case OpGet, OpLookup:
 		s.gets.Add(1)
+		if in.Flags&FlagIndexMiss != 0 {
+			s.idxMisses.Add(1)
+		}
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		r := st.vals[key]

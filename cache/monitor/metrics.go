@@ -34,6 +34,7 @@ var (
 	descIdxRemoves  = desc("index_removes_total", "Index buckets cleared.")
 	descIdxOverflow = desc("index_overflow_total", "Values left out of the index: key too long, several pieces, neighbourhood full.")
 	descIdxReads    = desc("index_reads_total", "Clients' one-sided RDMA Reads of the index: lookups that needed no control-path request.")
+	descIdxMisses   = desc("index_misses_total", "Lookups of clients reading the index that the index did not answer and the control path did.")
 )
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -45,7 +46,7 @@ type statsCollector struct{ stats func() cache.Stats }
 func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descOps, descHits, descMisses, descBytes, descPaging, descDurable,
 		descKeys, descStored, descBlocks, descResident, descBudget, descBlock, descClients,
-		descIdxBuckets, descIdxEntries, descIdxUpdates, descIdxRemoves, descIdxOverflow, descIdxReads} {
+		descIdxBuckets, descIdxEntries, descIdxUpdates, descIdxRemoves, descIdxOverflow, descIdxReads, descIdxMisses} {
 		ch <- d
 	}
 }
@@ -81,6 +82,7 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descIdxRemoves, s.IndexRemoves)
 	counter(descIdxOverflow, s.IndexOverflow)
 	counter(descIdxReads, s.IndexReads)
+	counter(descIdxMisses, s.IndexMisses)
 }
 
 func registerAll(reg *prometheus.Registry, cs ...prometheus.Collector) error {

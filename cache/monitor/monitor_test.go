@@ -381,6 +381,7 @@ func TestIndexMetrics(t *testing.T) {
 		{"gowarp_cache_index_overflow_total", nil, 1},
 		{"gowarp_cache_index_removes_total", nil, 0},
 		{"gowarp_cache_index_reads_total", nil, 20},
+		{"gowarp_cache_index_misses_total", nil, 0},
 		{"gowarp_cache_ops_total", []string{"op", "get"}, 0}, // no lookup reached the control path
 	})
 
@@ -409,9 +410,10 @@ func TestIndexMetrics(t *testing.T) {
 		{"gowarp_cache_index_updates_total", nil, 21},
 		{"gowarp_cache_index_removes_total", nil, 5},
 		{"gowarp_cache_index_reads_total", nil, 21},
+		{"gowarp_cache_index_misses_total", nil, 2}, // the long key and k19
 		{"gowarp_cache_ops_total", []string{"op", "get"}, 2},
 	})
-	if st := s.srv.Stats(); st.IndexEntries != 15 || st.IndexReads != 21 {
+	if st := s.srv.Stats(); st.IndexEntries != 15 || st.IndexReads != 21 || st.IndexMisses != 2 {
 		t.Errorf("Stats %+v", st)
 	}
 }

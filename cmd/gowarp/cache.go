@@ -273,8 +273,8 @@ func printStats(w io.Writer, st cache.Stats, asJSON bool) {
 		st.Puts, st.DurablePuts, fmtSize(int64(st.BytesIn)), st.Gets, st.Hits, st.Misses, fmtSize(int64(st.BytesOut)), st.Deletes)
 	fmt.Fprintf(w, "page-ins %d, page-outs %d, errors %d, clients %d\n", st.PageIns, st.PageOuts, st.Errors, st.Conns)
 	if st.IndexBuckets > 0 {
-		fmt.Fprintf(w, "index %d of %d buckets used, %d updates, %d removes, %d not indexed, %d one-sided reads\n",
-			st.IndexEntries, st.IndexBuckets, st.IndexUpdates, st.IndexRemoves, st.IndexOverflow, st.IndexReads)
+		fmt.Fprintf(w, "index %d of %d buckets used, %d updates, %d removes, %d not indexed, %d one-sided reads, %d misses\n",
+			st.IndexEntries, st.IndexBuckets, st.IndexUpdates, st.IndexRemoves, st.IndexOverflow, st.IndexReads, st.IndexMisses)
 	}
 }
 
