@@ -171,7 +171,10 @@ func TestAbortedAfterErrorTaken(t *testing.T) {
 func TestSmallWritevTakesNoFreeList(t *testing.T) {
 	a, b := tcpPair(t)
 	l := NewLink(a).(*fdLink)
-	write := func(bufs [][]byte, records []int) (held bool) {
+	// held reports whether the Writev still waited after wait: a long
+	// wait for one that should not wait (a busy host may be slow to run
+	// it), a short one for one that must (it cannot end meanwhile).
+	write := func(bufs [][]byte, records []int, wait time.Duration) (held bool) {
 		writeVecFree.mu.Lock()
 		done := make(chan error, 1)
 		go func() {
@@ -181,7 +184,7 @@ func TestSmallWritevTakesNoFreeList(t *testing.T) {
 		var err error
 		select {
 		case err = <-done:
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(wait):
 			held = true // it waits for the list's lock
 		}
 		writeVecFree.mu.Unlock()
@@ -193,14 +196,14 @@ func TestSmallWritevTakesNoFreeList(t *testing.T) {
 		}
 		return held
 	}
-	if write([][]byte{[]byte("hdr"), []byte("payload"), []byte("crc")}, []int{3}) {
+	if write([][]byte{[]byte("hdr"), []byte("payload"), []byte("crc")}, []int{3}, 10*time.Second) {
 		t.Fatal("a Writev of three vectors waited for writeVecFree")
 	}
 	many := make([][]byte, smallIov+1)
 	for i := range many {
 		many[i] = []byte{byte(i)}
 	}
-	if !write(many, nil) {
+	if !write(many, nil, 200*time.Millisecond) {
 		t.Fatalf("a Writev of %d vectors did not take writeVecFree's arrays", len(many))
 	}
 	want := append([]byte("hdrpayloadcrc"), make([]byte, smallIov+1)...)
