@@ -4,7 +4,8 @@ package cache
 // CRC32c(b) and len(b), without the bytes (zlib's crc32_combine, for
 // the reflected Castagnoli polynomial): a value of several pieces gets
 // its whole sum from its pieces' CRCs rather than a second pass over
-// its bytes. hash/crc32 has no combine.
+// its bytes (from crcA 0, the CRC of nothing, it gives crcB). hash/crc32
+// has no combine.
 func crc32Combine(crcA, crcB uint32, lenB int64) uint32 {
 	return crcMulMod(crcX8n(lenB), crcA) ^ crcB
 }
@@ -32,8 +33,9 @@ func crcMulMod(a, b uint32) uint32 {
 	return p
 }
 
-// crcX2k[k] is x^(2^k) modulo the polynomial.
-var crcX2k = func() (t [32]uint32) {
+// crcX2k[k] is x^(2^k) modulo the polynomial, for every k crcX8n needs
+// (3 to 65: lengths up to 2^63).
+var crcX2k = func() (t [66]uint32) {
 	t[0] = 1 << 30 // x^1
 	for k := 1; k < len(t); k++ {
 		t[k] = crcMulMod(t[k-1], t[k-1])
@@ -47,7 +49,7 @@ func crcX8n(n int64) uint32 {
 	p := uint32(1) << 31 // x^0
 	for k := 3; n > 0; n, k = n>>1, k+1 {
 		if n&1 != 0 {
-			p = crcMulMod(crcX2k[k&31], p)
+			p = crcMulMod(crcX2k[k], p)
 		}
 	}
 	return p

@@ -546,13 +546,9 @@ func (c *srvConn) handle(in, out *Msg) error {
 			piece := data[:e.n]
 			data = data[e.n:]
 			crc := crc32Of(piece)
-			if i == 0 {
-				r.sum = crc
-			} else {
-				r.sum = crc32Combine(r.sum, crc, int64(e.n))
-			}
-			if err == nil {
-				err = st.writePiece(e, gen, i, piece, crc)
+			r.sum = crc32Combine(r.sum, crc, int64(e.n))
+			if err = st.writePiece(e, gen, i, piece, crc); err != nil {
+				break
 			}
 		}
 		if err == nil && durable {
@@ -723,11 +719,7 @@ func (st *store) pieceCRCs(r *record, dst []uint32) []uint32 {
 func (st *store) sealPieces(r *record, crcs []uint32) error {
 	r.sum, r.hasSum = 0, true
 	for i, e := range r.ext {
-		if i == 0 {
-			r.sum = crcs[0]
-		} else {
-			r.sum = crc32Combine(r.sum, crcs[i], int64(e.n))
-		}
+		r.sum = crc32Combine(r.sum, crcs[i], int64(e.n))
 		if err := st.writeHeader(e, header{Gen: r.gen, Len: e.n, CRC: crcs[i], Piece: uint16(i)}); err != nil {
 			return err
 		}
