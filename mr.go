@@ -71,6 +71,26 @@ func (mr *MR) WaitPlaced(ctx context.Context, n uint64) error { return mr.r.Wait
 // returns nil no peer or local access touches the memory again.
 func (mr *MR) Deregister() error { return mr.r.Deregister() }
 
+// Detach ends peers' reach into the region's memory but not its STag:
+// from its return on, peers' RDMA Writes to the region land in a small
+// sink of the region's own and are dropped, their Reads and atomics read
+// and change that sink, and none of them fails. Use it for a region lent
+// to a peer for one request when the request is given up (a deadline, a
+// cancellation) while the peer may still be using it: deregistering then
+// would make the peer's next access an invalid STag, and RFC 5040 answers
+// that with a Terminate that ends the connection and all its other work.
+// Deregister the region once the peer has said it is done, or the
+// connection has ended. Local work requests still reach the memory.
+//
+// Detach waits for peers' accesses in progress to end (one FPDU, or one
+// Read Response being sent), until ctx is done; it fails with
+// ErrRegionBusy if they have not, and ErrRegionInvalid on a deregistered
+// region. Detaching twice is detaching once.
+func (mr *MR) Detach(ctx context.Context) error { return mr.r.Detach(ctx) }
+
+// Detached reports whether Detach was called on the region.
+func (mr *MR) Detached() bool { return mr.r.Detached() }
+
 // STag is a steering tag: a 24-bit index and an 8-bit key.
 type STag uint32
 

@@ -64,7 +64,7 @@ func (r *rxState) atomicRequest(h *wire.Header) (*mem.Region, error) {
 func (r *rxState) runAtomic(region *mem.Region) {
 	q := r.q
 	ar := &r.ar
-	w := region.WriteWord(ar.RemoteTO - region.Addr())
+	w := region.RemoteWord(ar.RemoteTO - region.Addr())
 	var orig uint64
 	for {
 		orig = atomic.LoadUint64(w)

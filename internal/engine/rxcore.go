@@ -605,7 +605,7 @@ func (r *rxState) tagged(h *wire.Header, n int) error {
 		r.durable = true
 	}
 	r.region = region // this FPDU's (durablePlaced)
-	r.dst = region.WriteSlices(r.dst, h.TO-region.Addr(), uint64(n))
+	r.dst = region.RemoteWriteSlices(r.dst, h.TO-region.Addr(), uint64(n))
 	return nil
 }
 

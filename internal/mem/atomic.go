@@ -16,7 +16,13 @@ func (r *Region) Word(off uint64) *uint64 {
 	if len(s) != 1 || len(s[0]) != 8 {
 		return nil
 	}
-	p := unsafe.Pointer(unsafe.SliceData(s[0]))
+	return wordOf(s[0])
+}
+
+// wordOf returns b's first 8 bytes as a *uint64, or nil if they are not
+// 8-aligned in memory.
+func wordOf(b []byte) *uint64 {
+	p := unsafe.Pointer(unsafe.SliceData(b))
 	if uintptr(p)%8 != 0 {
 		return nil
 	}

@@ -54,7 +54,8 @@ const (
 	wGate    = 1 << 62     // a snapshot is being taken: new writes wait
 	wCOW     = 1 << 61     // snapshots exist: a write copies shared pages first
 	wFrozen  = 1 << 60     // the table is frozen for an export: no write hold is granted
-	wWriters = wFrozen - 1 // the count of write holds
+	wDetach  = 1 << 59     // detached: peers' accesses reach the sink, not the memory (detach.go)
+	wWriters = wDetach - 1 // the count of write holds
 	wDec     = ^uint64(0)  // adds -1
 )
 

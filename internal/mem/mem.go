@@ -132,6 +132,9 @@ type Region struct {
 	// WriteAt) and carries the flags they look at (see cow.go).
 	wuse atomic.Uint64
 	cow  atomic.Pointer[cowState] // made by the first Snapshot
+	// sink is what peers reach once the region is detached (detach.go):
+	// set before wDetach, never changed after.
+	sink []byte
 
 	// WaitPlaced's waiters; nwait counts them so that AddPlaced, on the
 	// receive path, takes no lock while nobody waits.
@@ -534,7 +537,7 @@ func (t *Table) Deregister(r *Region) error {
 	r.valid.Store(false)
 	r.wake(r.placed.Load(), false) // nothing more can be waited for
 	t.mu.Unlock()
-	if !r.drain(deregisterWait) {
+	if !r.drain(context.Background(), deregisterWait) {
 		return fmt.Errorf("%w: accesses by peers still in progress after %v; the STag is invalid, deregister again", ErrBusy, deregisterWait)
 	}
 	t.mu.Lock()
@@ -549,16 +552,20 @@ func (t *Table) Deregister(r *Region) error {
 	return nil
 }
 
-// drain waits until no hold is left on r, or limit has passed. Holds last
+// drain waits until no hold is left on r, or ctx is done or limit has
+// passed. Holds last
 // as long as one FPDU takes to arrive or one batch to be written, so it
 // yields first and sleeps only if that was not enough.
-func (r *Region) drain(limit time.Duration) bool {
+func (r *Region) drain(ctx context.Context, limit time.Duration) bool {
 	var deadline time.Time
 	sleep := 10 * time.Microsecond
 	for i := 0; r.use.Load()&useHolds != 0 || r.wuse.Load()&wWriters != 0; i++ {
 		if i < 64 {
 			runtime.Gosched()
 			continue
+		}
+		if ctx.Err() != nil {
+			return false
 		}
 		now := time.Now()
 		if deadline.IsZero() {

@@ -1,0 +1,97 @@
+package mem
+
+import (
+	"context"
+	"fmt"
+)
+
+// Detaching a region ends its peers' reach into its memory but not its
+// STag. A region lent to a peer for one request (an RPC's argument or
+// result buffer) must be out of the peer's reach when its owner gives up
+// waiting; but the peer may have a Write or a Read of it on the wire
+// already, and deregistering at once makes that access an invalid STag,
+// which RFC 5040 answers with a Terminate: the whole connection dies for
+// one request's deadline. A detached region stays valid, and what peers
+// write to it lands in a small sink of its own, what they read of it is
+// read from there: so no access fails and none touches the memory. The
+// owner deregisters it once the peer says it is done (or the connection
+// ends); local work requests still reach the memory.
+//
+// The data path pays nothing: writes look at the flags in wuse already
+// (WriteSlices), and Read Responses load it once per FPDU.
+
+// sinkMax bounds a detached region's sink: peers' accesses wrap around
+// it. Sinks are made only when a region is detached.
+const sinkMax = 4096
+
+// Detach makes peers' accesses to the region reach a sink instead of its
+// memory, and waits for those in progress to end, until ctx is done or as
+// long as Deregister would. Once it returns nil no peer access touches the
+// memory again, while the STag stays valid (Deregister ends it).
+// Detaching twice is detaching once.
+func (r *Region) Detach(ctx context.Context) error {
+	if !r.valid.Load() {
+		return ErrInvalid
+	}
+	r.wmu.Lock()
+	if r.sink == nil {
+		r.sink = make([]byte, min((r.length+7)&^7, sinkMax))
+		r.wuse.Or(wDetach) // after sink is set: who sees the flag sees the sink
+	}
+	r.wmu.Unlock()
+	// An access that looked at the flags before it was set took its hold
+	// before it looked (TryHold, TryHoldWrite), so it is still counted.
+	if !r.drain(ctx, deregisterWait) {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%w: accesses by peers still in progress: %w", ErrBusy, err)
+		}
+		return fmt.Errorf("%w: accesses by peers still in progress after %v", ErrBusy, deregisterWait)
+	}
+	return nil
+}
+
+// Detached reports whether the region is detached.
+func (r *Region) Detached() bool { return r.wuse.Load()&wDetach != 0 }
+
+// RemoteWriteSlices is WriteSlices for a peer's tagged Write: the sink's
+// pieces once the region is detached.
+func (r *Region) RemoteWriteSlices(dst [][]byte, off, n uint64) [][]byte {
+	if r.wuse.Load()&wDetach != 0 {
+		return r.sinkSlices(dst, off, n)
+	}
+	return r.WriteSlices(dst, off, n)
+}
+
+// RemoteSlices is Slices for a peer's Read, under a hold: the sink's
+// pieces once the region is detached.
+func (r *Region) RemoteSlices(dst [][]byte, off, n uint64) [][]byte {
+	if r.wuse.Load()&wDetach != 0 {
+		return r.sinkSlices(dst, off, n)
+	}
+	return r.Slices(dst, off, n)
+}
+
+// RemoteWord is WriteWord for a peer's atomic, under a write hold: a word
+// of the sink once the region is detached. The word must pass Word's
+// checks.
+func (r *Region) RemoteWord(off uint64) *uint64 {
+	if r.wuse.Load()&wDetach != 0 {
+		var one [1][]byte
+		return wordOf(r.sinkSlices(one[:0], off&^7, 8)[0])
+	}
+	return r.WriteWord(off)
+}
+
+// sinkSlices covers [off, off+n) with pieces of the sink, wrapping around
+// it.
+func (r *Region) sinkSlices(dst [][]byte, off, n uint64) [][]byte {
+	m := uint64(len(r.sink))
+	for n > 0 {
+		at := off % m
+		k := min(n, m-at)
+		dst = append(dst, r.sink[at:at+k:at+k])
+		off += k
+		n -= k
+	}
+	return dst
+}
