@@ -54,8 +54,8 @@ type Client struct {
 const (
 	slotIdle      = iota
 	slotWaiting   // posted, the caller waits
-	slotGivingUp  // the caller gives up: it cancels and revokes, the slot still its own
-	slotAbandoned // the caller gave up; the poller frees the slot on the reply
+	slotGivingUp  // the caller gives up: it cancels and detaches, the slot still its own
+	slotAbandoned // the caller gave up; the poller revokes and frees the slot on the reply
 	slotDone      // the poller delivered the reply
 )
 
@@ -155,8 +155,9 @@ type Call struct {
 // Do performs a call and waits for its reply, until ctx is done. The
 // spans in cl.Refs are lent to the server for this call only: each is
 // registered as a region of its own with just the rights it needs, and
-// deregistered before Do returns, whatever the outcome. When ctx ends
-// first, Do tells the server (best effort) and returns ctx's error.
+// is out of the server's reach before Do returns, whatever the outcome.
+// When ctx ends first, Do tells the server (best effort) and returns
+// ctx's error; the session and its other calls carry on.
 func (c *Client) Do(ctx context.Context, cl *Call) error {
 	if len(cl.Refs) > MaxRefs {
 		return fmt.Errorf("rpc: %s: %d references, at most %d", cl.Method, len(cl.Refs), MaxRefs)
@@ -234,11 +235,17 @@ wait:
 		case <-ctx.Done():
 			if s.state.CompareAndSwap(slotWaiting, slotGivingUp) {
 				// The slot stays this caller's until its cancel has the
-				// call's id and its windows are gone: a reply freeing it
-				// sooner let the slot's next call be canceled and its
-				// windows deregistered.
+				// call's id and its windows are detached: a reply freeing
+				// it sooner let the slot's next call be canceled and its
+				// windows detached.
 				c.sendCancel(s)
-				c.revoke(s)
+				// The server may be reading or writing a window at this
+				// moment. Deregistered, the window would make that access
+				// an invalid STag, which the engine answers by ending the
+				// session and every other call on it; detached, the access
+				// reaches a sink, and the memory is out of reach all the
+				// same. The windows go with the call's reply.
+				c.detach(s)
 				if s.state.CompareAndSwap(slotGivingUp, slotAbandoned) {
 					if c.abandoned.Add(1) == 1 {
 						go c.reap()
@@ -290,6 +297,24 @@ func (c *Client) lend(s *clientSlot, j int, sp Span) error {
 	s.nwin = j + 1
 	s.handles[j] = Handle{STag: uint32(mr.STag()), Writable: sp.write, Addr: mr.Addr(), Len: uint64(sp.n), Session: c.session, Call: s.id}
 	return nil
+}
+
+// detach detaches a slot's windows (gowarp.MR.Detach). One whose
+// accesses in progress do not end (a peer stopped in the middle of an
+// FPDU) may still be written: the session ends, which ends them, and the
+// window is deregistered.
+func (c *Client) detach(s *clientSlot) {
+	for _, mr := range s.windows[:s.nwin] {
+		if mr == nil {
+			continue
+		}
+		if err := mr.Detach(context.Background()); err != nil {
+			c.log.Error("rpc: a window of a call given up on stays in use", "stag", mr.STag(), "err", err)
+			c.fail(fmt.Errorf("rpc: a window of a call given up on: %w", err))
+			c.revoke(s)
+			return
+		}
+	}
 }
 
 // revoke deregisters a slot's windows. A window the peer is still being
@@ -441,6 +466,8 @@ func (c *Client) onReply(k, n int) error {
 	case s.state.CompareAndSwap(slotGivingUp, slotDone):
 		deliver = true // the caller that gives up frees the slot
 	case s.state.CompareAndSwap(slotAbandoned, slotIdle):
+		// The server is done with the call: its detached windows go.
+		c.revoke(s)
 		s.reply = nil
 		c.abandoned.Add(-1)
 	default:
@@ -466,9 +493,13 @@ func (c *Client) fail(err error) {
 		c.qp.Close()
 		for i := range c.slots {
 			s := &c.slots[i]
-			if s.state.CompareAndSwap(slotWaiting, slotDone) {
+			switch {
+			case s.state.CompareAndSwap(slotWaiting, slotDone):
 				s.err = c.closedErr()
 				s.done <- struct{}{}
+			case s.state.CompareAndSwap(slotAbandoned, slotDone):
+				// No reply will come: the detached windows go now.
+				c.revoke(s)
 			}
 		}
 	})

@@ -27,17 +27,23 @@
 // connection reaches only the regions of its own session. The client
 // never registers its heap for remote access as a whole: each span a
 // call lends is registered as a region of its own, exactly its bytes,
-// with RemoteRead (and RemoteWrite only if lent Writable), and is
-// deregistered before Do returns — on a reply, an error, a deadline or a
-// cancellation alike. The engine checks every Read and Write a peer asks
+// with RemoteRead (and RemoteWrite only if lent Writable), and is out of
+// the server's reach before Do returns, whatever the outcome. On a reply
+// or an error it is deregistered. On a deadline or a cancellation the
+// server may have a Read or Write of it on the wire, and an access to a
+// deregistered STag ends the whole session (RFC 5040 Terminate), every
+// other call with it; so the region is detached instead
+// (gowarp.MR.Detach): the server's accesses reach a sink and succeed,
+// and the region is deregistered when the server replies to the call, or
+// the session ends. The engine checks every Read and Write a peer asks
 // for against that region's bounds and rights, and a stale or forged
 // STag names no region; a peer that tries either gets its connection
-// terminated (RFC 5040 Terminate), which ends only its own session. So a
-// server, even a malicious one that bypasses this package, can reach
-// only the spans of calls still outstanding on its own session, and only
-// with the rights lent. A deregistration waits while a Read Response the
-// engine already accepted is still being sent (the region is busy until
-// then): that answer carries bytes of the span, never more.
+// terminated, which ends only its own session. So a server, even a
+// malicious one that bypasses this package, can reach only the spans of
+// calls still outstanding on its own session, and only with the rights
+// lent. A deregistration or detachment waits while a Read Response the
+// engine already accepted is still being sent: that answer carries bytes
+// of the span, never more.
 //
 // The server's side checks too, before any RDMA operation: a Ref's reads
 // and writes must lie inside its span, a Ref dies when its handler

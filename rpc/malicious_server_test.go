@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -128,9 +129,12 @@ func TestMaliciousServerBeyondSpan(t *testing.T) {
 	}
 }
 
-// TestMaliciousServerAfterCall: once a call has returned, its span is
-// deregistered: a server that kept the handle and Reads it again is
-// refused by the client's engine.
+// TestMaliciousServerAfterCall: once a call is given up on, its span is
+// out of the server's reach: a server that kept the handle and Reads it
+// again gets none of its bytes (the window is detached, so the session
+// survives the Read the server may have had in flight), and once the
+// server has replied to the call the window is gone: a Read is refused by
+// the client's engine.
 func TestMaliciousServerAfterCall(t *testing.T) {
 	addr, srvc := serveRaw(t)
 	cl, err := Dial(context.Background(), gowarp.Open(gowarp.WithLogger(quiet)), addr, Options{Logger: quiet})
@@ -147,12 +151,33 @@ func TestMaliciousServerAfterCall(t *testing.T) {
 	if s == nil {
 		t.Fatal("no call reached the raw server")
 	}
-	cancel() // the caller gives up: Do revokes the span before it returns
+	cancel() // the caller gives up: Do detaches the span before it returns
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the call: %v", err)
 	}
 	h := s.call.Ref(0)
-	if err := s.read(t, h, h.Addr, 6); !errors.Is(err, gowarp.RemoteAccessError) || bytes.HasPrefix(s.buf, []byte("secret")) {
-		t.Fatalf("a Read after the call returned: %q %v", s.buf[:6], err)
+	if err := s.read(t, h, h.Addr, 6); err != nil || bytes.HasPrefix(s.buf, []byte("secret")) {
+		t.Fatalf("a Read after the call was given up on: %q %v", s.buf[:6], err)
+	}
+	// The server replies to the call: the client deregisters the window.
+	r := appendReplyHeader(s.buf[:0], s.call.ID, statusCanceled, 0, 0)
+	if err := s.qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: s.mr, Length: len(r)}}}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		err := s.read(t, h, h.Addr, 6)
+		if bytes.HasPrefix(s.buf, []byte("secret")) {
+			t.Fatal("a Read after the reply returned the span's bytes")
+		}
+		if err != nil {
+			if !errors.Is(err, gowarp.RemoteAccessError) {
+				t.Fatalf("a Read after the reply: %v", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the window outlived the call's reply")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -169,9 +169,12 @@ func (r *Ref) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // op posts one Read or Write between local memory mr and the span at
-// off and waits for it. If the call's context ends first, the session
-// is torn down (its queue pair closed before close returns), so memory
-// the operation targets is never written after op returns.
+// off and waits for it. If the call's context ends first, it still waits
+// for the operation, up to opDrain: memory the operation targets is never
+// written after op returns, and a client that gave up on the call answers
+// it all the same (from a sink: see Client.detach). Only a client that
+// does not answer in that time loses its session (its queue pair closed
+// before close returns).
 func (r *Ref) op(kind gowarp.WROp, mr *gowarp.MR, n int, off int64) error {
 	x := r.call.sess
 	wr := gowarp.SendWR{
@@ -200,7 +203,14 @@ func (r *Ref) op(kind gowarp.WROp, mr *gowarp.MR, n int, off int64) error {
 		// lands in mr any more.
 		return fmt.Errorf("%w: %w", ErrSessionClosed, context.Cause(x.ctx))
 	case <-r.call.ctx.Done():
-		x.close(fmt.Errorf("rpc: %s: %w", r.call.method.name, context.Cause(&r.call.ctx)))
+		t := time.NewTimer(opDrain)
+		defer t.Stop()
+		select {
+		case <-r.done:
+		case <-x.ctx.Done():
+		case <-t.C:
+			x.close(fmt.Errorf("rpc: %s: %w, and a %s of its span did not end in %v", r.call.method.name, context.Cause(&r.call.ctx), kind, opDrain))
+		}
 		return fmt.Errorf("rpc: %w", r.call.ctx.Err())
 	}
 	if st != gowarp.Success {
@@ -208,6 +218,10 @@ func (r *Ref) op(kind gowarp.WROp, mr *gowarp.MR, n int, off int64) error {
 	}
 	return nil
 }
+
+// opDrain bounds how long a Read or Write of a call whose context ended
+// may take to complete before the session is given up.
+const opDrain = 5 * time.Second
 
 // callCtx is a call's context, kept in its slot and reused: no
 // allocation per call unless a handler asks for Done.

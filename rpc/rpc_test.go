@@ -107,6 +107,25 @@ func registerTest(srv *Server) {
 		}
 		return nil
 	})
+	// churn reads reference 0 and writes it in 16 KiB steps, round and
+	// round, until its context ends.
+	srv.Register("churn", func(ctx context.Context, c *ServerCall) error {
+		r, err := c.Ref(0)
+		if err != nil {
+			return err
+		}
+		buf := make([]byte, 16<<10)
+		for off := int64(0); ctx.Err() == nil; off = (off + int64(len(buf))) % r.Len() {
+			n, err := r.ReadAt(buf, off)
+			if err != nil && err != io.EOF {
+				return err
+			}
+			if _, err := r.WriteAt(buf[:n], off); err != nil {
+				return err
+			}
+		}
+		return ctx.Err()
+	})
 	// keep remembers its reference for "later" to use after the call.
 	srv.Register("keep", func(ctx context.Context, c *ServerCall) error {
 		r, err := c.Ref(0)
@@ -353,6 +372,41 @@ func TestCancel(t *testing.T) {
 }
 
 func (c *Client) freeSlots() int { return len(c.free) }
+
+// TestCancelMidTransfer gives up on calls while the server reads and
+// writes their spans without pause: each fails with its context's error
+// and nothing else does; the session carries on (the server's accesses in
+// flight when the span left its reach must not end it), and the slots all
+// come back.
+func TestCancelMidTransfer(t *testing.T) {
+	_, cl, _ := pair(t, Options{})
+	b, err := cl.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- cl.Do(ctx, &Call{Method: "churn", Refs: []Span{b.All().Writable()}}) }()
+		time.Sleep(time.Duration(1+i%4) * time.Millisecond)
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: the call given up on: %v", i, err)
+		}
+		if _, err := cl.Call(context.Background(), "echo", []byte("x"), nil); err != nil {
+			t.Fatalf("round %d: a call after: %v", i, err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); cl.freeSlots() < defaultSlots; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d slots came back", cl.freeSlots(), defaultSlots)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := cl.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
 
 func TestConcurrentCalls(t *testing.T) {
 	_, cl, _ := pair(t, Options{Slots: 16})
