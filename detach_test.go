@@ -257,3 +257,72 @@ func TestDetachWaitsForPlacement(t *testing.T) {
 		t.Fatal("a Write after Detach reached the memory")
 	}
 }
+
+// TestRetire: accesses through a retired key complete without touching
+// the memory, which the region's other keys still reach; the connection
+// carries on; once the key is revoked, an access through it is refused.
+func TestRetire(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{Extensions: true})
+	const n = 8192
+	mr, mem := p.reg(t, n, gowarp.RemoteRead|gowarp.RemoteWrite|gowarp.RemoteAtomic)
+	for i := range mem {
+		mem[i] = byte(i*5 + 3)
+	}
+	old, err := mr.Expose(gowarp.Plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, sbuf := p.reg(t, n, gowarp.LocalWrite)
+	post := func(wr gowarp.SendWR) gowarp.Status {
+		t.Helper()
+		wr.Flags = gowarp.Signaled
+		if err := p.a.PostSend(&wr); err != nil {
+			t.Fatal(err)
+		}
+		return wait(t, p.acq).Status
+	}
+	if err := mr.Retire(old); err != nil {
+		t.Fatal(err)
+	}
+	if sem, ok := mr.Semantics(old); !ok || sem != gowarp.Detached {
+		t.Fatalf("a retired key's semantics: %v %v", sem, ok)
+	}
+	want := bytes.Clone(mem)
+	for i := range sbuf {
+		sbuf[i] = 0xee
+	}
+	for _, wr := range []gowarp.SendWR{
+		{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: mr.Addr(), RKey: uint32(old)},
+		{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: mr.Addr(), RKey: uint32(old)},
+		{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: mr.Addr() + 64, RKey: uint32(old), CompareAdd: 9},
+	} {
+		if st := post(wr); st != gowarp.Success {
+			t.Fatalf("%v through a retired key: %v", wr.Op, st)
+		}
+	}
+	if !bytes.Equal(mem, want) {
+		t.Fatal("an access through a retired key reached the memory")
+	}
+	if bytes.Contains(sbuf, want[:64]) {
+		t.Fatal("a Read through a retired key returned the memory")
+	}
+	// The region's own key still reaches the memory.
+	copy(sbuf, "through the own key")
+	if st := post(gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 19}}, RemoteAddr: mr.Addr(), RKey: uint32(mr.STag())}); st != gowarp.Success {
+		t.Fatal(st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := mr.WaitPlaced(ctx, 19); err != nil || string(mem[:19]) != "through the own key" {
+		t.Fatalf("a Write through the own key: %q %v", mem[:19], err)
+	}
+	if err := mr.Revoke(old); err != nil {
+		t.Fatal(err)
+	}
+	if st := post(gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: mr.Addr(), RKey: uint32(old)}); st != gowarp.RemoteAccessError {
+		t.Fatalf("a Read through a revoked key: %v", st)
+	}
+	if _, err := mr.ExposeKey(gowarp.Detached, 7); !errors.Is(err, gowarp.ErrBadSemantics) {
+		t.Fatalf("Expose with Detached: %v", err)
+	}
+}

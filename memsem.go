@@ -31,6 +31,11 @@ const (
 	// changes when and by whom the file is read, not what is served.
 	// File regions only.
 	ReadThrough = Semantics(mem.ReadThrough)
+	// Detached: the key stays valid but no longer reaches the region's
+	// memory: a peer's Write through it is dropped, its Reads and atomics
+	// read and change a small sink of the region's own. Retire gives a key
+	// these semantics (Expose cannot); MR.Detach does it to every key.
+	Detached = Semantics(mem.Detached)
 )
 
 func (s Semantics) String() string { return mem.Semantics(s).String() }
@@ -108,6 +113,18 @@ func (mr *MR) ExposeKey(s Semantics, key uint8) (STag, error) {
 // Revoke removes a key Expose gave: from then on an access through it is
 // an invalid STag, told to the peer with a Terminate.
 func (mr *MR) Revoke(s STag) error { return mr.r.Revoke(mem.STag(s)) }
+
+// Retire makes a key Expose gave Detached: from then on an access
+// through it succeeds but reaches the region's sink, not its memory. Use
+// it, rather than Revoke, for a key peers may still hold when what it
+// named has gone (a block reused under a new key): through a revoked key
+// the peer's next access is an invalid STag, and the Terminate that
+// answers it ends the peer's connection with all its other work; through
+// a retired one the access completes, and the peer must learn from what
+// it reads that its address is stale (a header of its own, say).
+// Accesses under way finish in the memory (InUse reports them). Revoke
+// the key to end it.
+func (mr *MR) Retire(s STag) error { return mr.r.Retire(mem.STag(s)) }
 
 // Semantics returns the semantics of an access to the region through s,
 // and false if s is not one of its STags.

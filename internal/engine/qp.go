@@ -167,6 +167,7 @@ type orqEntry struct {
 // irqEntry is one inbound Read Request waiting to be answered.
 type irqEntry struct {
 	region   *mem.Region
+	sem      mem.Semantics // of the key the Read named (Detached: from the sink)
 	srcOff   uint64
 	size     int
 	sinkSTag uint32

@@ -64,7 +64,8 @@ func (r *rxState) atomicRequest(h *wire.Header) (*mem.Region, error) {
 func (r *rxState) runAtomic(region *mem.Region) {
 	q := r.q
 	ar := &r.ar
-	w := region.RemoteWord(ar.RemoteTO - region.Addr())
+	sem, _ := region.Semantics(mem.STag(ar.RemoteSTag).Key())
+	w := region.RemoteWord(sem, ar.RemoteTO-region.Addr())
 	var orig uint64
 	for {
 		orig = atomic.LoadUint64(w)

@@ -120,6 +120,9 @@ type rxState struct {
 	// every FPDU.
 	wr       *mem.Region
 	wrPlaced int
+	// sunk: this FPDU's payload goes to its region's sink (a detached
+	// region, a retired key), not to the region's memory.
+	sunk bool
 
 	msn [4]uint32 // next expected MSN per queue number
 
@@ -498,7 +501,10 @@ func (r *rxState) complete() error {
 	switch r.h.Opcode {
 	case wire.OpWrite:
 		if r.wr != nil {
-			r.wrPlaced += r.payload
+			if !r.sunk {
+				r.wrPlaced += r.payload
+			}
+			r.sunk = false
 			if r.h.Last {
 				r.endWrite()
 			}
@@ -601,11 +607,12 @@ func (r *rxState) tagged(h *wire.Header, n int) error {
 	if why := region.CheckRemote(q.cfg.PD, mem.RemoteWrite, h.TO, uint64(n)); why != mem.OK {
 		return newFault(ddpTaggedError(why), "Write of %d bytes to STag %#08x TO %#x", n, h.STag, h.TO)
 	}
-	if sem, _ := region.Semantics(mem.STag(h.STag).Key()); sem == mem.Durable {
+	sem, _ := region.Semantics(mem.STag(h.STag).Key())
+	if sem == mem.Durable {
 		r.durable = true
 	}
 	r.region = region // this FPDU's (durablePlaced)
-	r.dst = region.RemoteWriteSlices(r.dst, h.TO-region.Addr(), uint64(n))
+	r.dst, r.sunk = region.RemoteWriteSlices(r.dst, sem, h.TO-region.Addr(), uint64(n))
 	return nil
 }
 
@@ -778,6 +785,7 @@ func (r *rxState) queueRead(rr *wire.ReadRequest, region *mem.Region) {
 	e := irqEntry{size: int(rr.Size), sinkSTag: rr.SinkSTag, sinkTO: rr.SinkTO}
 	if region != nil {
 		e.region, e.srcOff = region, rr.SourceTO-region.Addr()
+		e.sem, _ = region.Semantics(mem.STag(rr.SourceSTag).Key())
 	}
 	q.mu.Lock()
 	if s := q.State(); s != StateReady && s != StateClosing {

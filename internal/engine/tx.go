@@ -911,7 +911,7 @@ func (t *txState) frameReadResponse() {
 	t.begin(&h, nil, n)
 	if n > 0 {
 		t.hold(r.region) // the IRQ entry holds it until its last FPDU is framed
-		t.iov = r.region.RemoteSlices(t.iov, r.srcOff+uint64(r.sent), uint64(n))
+		t.iov = r.region.RemoteSlices(t.iov, r.sem, r.srcOff+uint64(r.sent), uint64(n))
 		t.lastEnd = -1
 	}
 	t.end(n)

@@ -33,12 +33,8 @@ func (r *Region) Detach(ctx context.Context) error {
 	if !r.valid.Load() {
 		return ErrInvalid
 	}
-	r.wmu.Lock()
-	if r.sink == nil {
-		r.sink = make([]byte, min((r.length+7)&^7, sinkMax))
-		r.wuse.Or(wDetach) // after sink is set: who sees the flag sees the sink
-	}
-	r.wmu.Unlock()
+	r.makeSink()
+	r.wuse.Or(wDetach) // after the sink is made: who sees the flag sees the sink
 	// An access that looked at the flags before it was set took its hold
 	// before it looked (TryHold, TryHoldWrite), so it is still counted.
 	if !r.drain(ctx, deregisterWait) {
@@ -50,32 +46,44 @@ func (r *Region) Detach(ctx context.Context) error {
 	return nil
 }
 
+// makeSink gives the region its sink, once.
+func (r *Region) makeSink() {
+	r.wmu.Lock()
+	if r.sink == nil {
+		r.sink = make([]byte, min((r.length+7)&^7, sinkMax))
+	}
+	r.wmu.Unlock()
+}
+
 // Detached reports whether the region is detached.
 func (r *Region) Detached() bool { return r.wuse.Load()&wDetach != 0 }
 
-// RemoteWriteSlices is WriteSlices for a peer's tagged Write: the sink's
-// pieces once the region is detached.
-func (r *Region) RemoteWriteSlices(dst [][]byte, off, n uint64) [][]byte {
-	if r.wuse.Load()&wDetach != 0 {
-		return r.sinkSlices(dst, off, n)
+// RemoteWriteSlices is WriteSlices for a peer's tagged Write through a
+// key of semantics sem: the sink's pieces once the region is detached or
+// the key retired, and then true (the bytes are not the region's: they do
+// not count as placed).
+func (r *Region) RemoteWriteSlices(dst [][]byte, sem Semantics, off, n uint64) ([][]byte, bool) {
+	if sem == Detached || r.wuse.Load()&wDetach != 0 {
+		return r.sinkSlices(dst, off, n), true
 	}
-	return r.WriteSlices(dst, off, n)
+	return r.WriteSlices(dst, off, n), false
 }
 
-// RemoteSlices is Slices for a peer's Read, under a hold: the sink's
-// pieces once the region is detached.
-func (r *Region) RemoteSlices(dst [][]byte, off, n uint64) [][]byte {
-	if r.wuse.Load()&wDetach != 0 {
+// RemoteSlices is Slices for a peer's Read through a key of semantics
+// sem, under a hold: the sink's pieces once the region is detached or the
+// key retired.
+func (r *Region) RemoteSlices(dst [][]byte, sem Semantics, off, n uint64) [][]byte {
+	if sem == Detached || r.wuse.Load()&wDetach != 0 {
 		return r.sinkSlices(dst, off, n)
 	}
 	return r.Slices(dst, off, n)
 }
 
-// RemoteWord is WriteWord for a peer's atomic, under a write hold: a word
-// of the sink once the region is detached. The word must pass Word's
-// checks.
-func (r *Region) RemoteWord(off uint64) *uint64 {
-	if r.wuse.Load()&wDetach != 0 {
+// RemoteWord is WriteWord for a peer's atomic through a key of semantics
+// sem, under a write hold: a word of the sink once the region is detached
+// or the key retired. The word must pass Word's checks.
+func (r *Region) RemoteWord(sem Semantics, off uint64) *uint64 {
+	if sem == Detached || r.wuse.Load()&wDetach != 0 {
 		var one [1][]byte
 		return wordOf(r.sinkSlices(one[:0], off&^7, 8)[0])
 	}

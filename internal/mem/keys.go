@@ -25,6 +25,10 @@ const (
 	// are faulted in by the goroutine serving this queue pair, never by
 	// another's. File-backed regions only.
 	ReadThrough
+	// Detached keeps a key valid but out of reach of the region's memory:
+	// an access through it succeeds and reaches the region's sink (see
+	// Detach). Retire gives a key these semantics.
+	Detached
 	numSemantics
 )
 
@@ -36,6 +40,8 @@ func (s Semantics) String() string {
 		return "durable"
 	case ReadThrough:
 		return "read-through"
+	case Detached:
+		return "detached"
 	}
 	return fmt.Sprintf("semantics(%d)", uint8(s))
 }
@@ -143,10 +149,40 @@ func (r *Region) Revoke(s STag) error {
 	return nil
 }
 
+// Retire gives a key Expose gave the semantics Detached: accesses through
+// it succeed from then on, but reach the region's sink, not its memory.
+// For a key peers may still hold when what it named is gone (a block
+// reused under a new key): an access through a revoked key is an invalid
+// STag, which RFC 5040 answers with a Terminate that ends the peer's
+// connection and all its other work; through a retired key the access
+// completes, and the peer learns from what it reads that its address is
+// stale. Accesses already under way finish in the memory (see InUse).
+// Revoke the key to end it.
+func (r *Region) Retire(s STag) error {
+	r.makeSink()
+	t := r.table
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.frozen.Load() {
+		return ErrFrozen
+	}
+	old := r.keys.Load()
+	if s.Index() != r.stag.Index() || old == nil || !old.contains(s.Key()) {
+		return fmt.Errorf("%w: %v is not an exposed key of the region", ErrInvalid, s)
+	}
+	n := &keySet{}
+	*n = *old
+	n.sem[s.Key()] = Detached
+	r.keys.Store(n) // after the sink is made: who sees the key sees the sink
+	return nil
+}
+
 func (r *Region) checkSemantics(s Semantics) error {
 	switch {
 	case s >= numSemantics:
 		return fmt.Errorf("%w: %d", ErrBadSemantics, uint8(s))
+	case s == Detached:
+		return fmt.Errorf("%w: a key is made detached by Retire", ErrBadSemantics)
 	case s != Plain && r.file == nil:
 		return fmt.Errorf("%w: %v", ErrNotFile, s)
 	}

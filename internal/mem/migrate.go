@@ -320,6 +320,9 @@ func (t *Table) Import(ctx context.Context, rd io.Reader, newPD func() uint32, o
 			for _, k := range e.Keys {
 				ks.has[k.Key>>6] |= 1 << (k.Key & 63)
 				ks.sem[k.Key] = k.Semantics
+				if k.Semantics == Detached {
+					r.makeSink()
+				}
 			}
 			r.keys.Store(ks)
 		}

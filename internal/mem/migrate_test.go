@@ -429,3 +429,39 @@ func BenchmarkExportImport64MiB(b *testing.B) {
 		}
 	}
 }
+
+// TestExportImportRetiredKey: a retired key travels as one: on the new
+// node it still answers from the region's sink.
+func TestExportImportRetiredKey(t *testing.T) {
+	src, regs := exportTable(t)
+	old, err := regs[1].Expose(Plain, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := regs[1].Retire(old); err != nil {
+		t.Fatal(err)
+	}
+	dst := NewTable()
+	if _, err := dst.Import(context.Background(), bytes.NewReader(export(t, src)), newPDs(), ImportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n, why := dst.Lookup(old)
+	if why != OK {
+		t.Fatalf("retired key %v after import: %v", old, why)
+	}
+	sem, _ := n.Semantics(old.Key())
+	if sem != Detached {
+		t.Fatalf("retired key %v after import: %v", old, sem)
+	}
+	d, sunk := n.RemoteWriteSlices(nil, sem, 0, n.length)
+	total := 0
+	for _, b := range d {
+		total += len(b)
+		if len(b) > 0 && &b[0] == &n.bufs[0][0] {
+			t.Fatal("a retired key's write reaches the memory")
+		}
+	}
+	if !sunk || total != int(n.length) {
+		t.Fatalf("sink pieces: %v, %d bytes of %d", sunk, total, n.length)
+	}
+}

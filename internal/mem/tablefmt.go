@@ -218,7 +218,7 @@ func ParseExportRegion(b []byte) (ExportRegion, error) {
 		return e, fmt.Errorf("%w: STag %v has index 0", ErrBadExport, e.STag)
 	case e.Access&^(LocalWrite|RemoteRead|RemoteWrite|RemoteInvalidate|RemoteAtomic) != 0:
 		return e, fmt.Errorf("%w: access %#x", ErrBadExport, uint8(e.Access))
-	case e.Semantics >= numSemantics:
+	case e.Semantics >= numSemantics || e.Semantics == Detached: // a region's own key is never retired
 		return e, fmt.Errorf("%w: semantics %d", ErrBadExport, uint8(e.Semantics))
 	case e.Length == 0 || e.Base+e.Length < e.Base:
 		return e, fmt.Errorf("%w: region of %d bytes at %#x", ErrBadExport, e.Length, e.Base)
@@ -247,7 +247,7 @@ func ParseExportRegion(b []byte) (ExportRegion, error) {
 	e.File = string(b[regionFixed+2*nkeys:])
 	if e.File == "" {
 		for _, k := range append(e.Keys, ExportKey{Semantics: e.Semantics}) {
-			if k.Semantics != Plain {
+			if k.Semantics != Plain && k.Semantics != Detached {
 				return e, fmt.Errorf("%w: %v semantics on a memory region", ErrBadExport, k.Semantics)
 			}
 		}
