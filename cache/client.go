@@ -207,17 +207,18 @@ func (c *Client) pick() int {
 	return best
 }
 
-// errConnLost marks a call that failed because its connection did: a
-// one-sided access to a block that is gone fails the connection (the
-// server answers it with a Terminate), so the call is retried on a new
-// one after a new lookup.
+// errConnLost marks a call that failed because its connection did (the
+// server gone or restarted, an address it no longer knows at all, which
+// it answers with a Terminate), so the call is retried on a new one
+// after a new lookup. An address into a block reused since reads the
+// block's sink instead (its key is retired) and fails its header check:
+// ErrStale, for that call alone.
 var errConnLost = errors.New("cache: connection lost")
 
 // attempts bounds the tries of a call that fails with a stale address;
 // lostAttempts those that fail with a lost connection. A connection is
-// lost for every call on it when any one of them reads a reused block
-// (the server's Terminate), so under churn a call fails so because of
-// the others' addresses more often than because of its own: with 4
+// lost for every call on it at once, so a call may fail so because of
+// another's address: when reused blocks' keys were revoked, with 4
 // readers and 2 writers replacing and deleting on one connection, 5
 // tries ran out about once in 60 runs of TestIndexConcurrentUpdates on a
 // loaded host.

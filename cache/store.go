@@ -409,8 +409,14 @@ func (s *store) newBlock() (*block, error) {
 	return b, nil
 }
 
-// reuse starts a free block afresh under a new key: clients' addresses
-// into its old contents become invalid STags.
+// reuse starts a free block afresh under a new key. Clients' addresses
+// into its old contents keep a valid STag that no longer reaches the
+// block (the key is retired): a Read through one completes, from the
+// block's sink, and fails its header check (ErrStale), so only that call
+// goes back to the control path. Revoked, the key made such a Read an
+// invalid STag, whose Terminate ended the client's connection and every
+// other call on it. A retired key is revoked when the key comes round
+// again, 254 reuses on.
 func (s *store) reuse(b *block) error {
 	old := b.stag()
 	b.key++
@@ -418,8 +424,13 @@ func (s *store) reuse(b *block) error {
 		b.key++
 	}
 	b.used, b.live = 0, 0
-	if err := b.mr.Revoke(gowarp.STag(old)); err != nil {
-		return fmt.Errorf("%w: revoke: %w", ErrServer, err)
+	if err := b.mr.Retire(gowarp.STag(old)); err != nil {
+		return fmt.Errorf("%w: retire: %w", ErrServer, err)
+	}
+	if sem, ok := b.mr.Semantics(gowarp.STag(b.stag())); ok && sem == gowarp.Detached {
+		if err := b.mr.Revoke(gowarp.STag(b.stag())); err != nil {
+			return fmt.Errorf("%w: revoke: %w", ErrServer, err)
+		}
 	}
 	if _, err := b.mr.ExposeKey(gowarp.Plain, b.key); err != nil {
 		return fmt.Errorf("%w: expose: %w", ErrServer, err)
