@@ -343,6 +343,9 @@ func FuzzImport(f *testing.F) {
 	src := NewTable()
 	r, _ := src.Register(3, [][]byte{[]byte("abc"), []byte("de")}, RemoteRead|RemoteWrite, Options{})
 	r.Expose(Plain, 0, false)
+	if k, err := r.Expose(Plain, 0, false); err == nil {
+		r.Retire(k) // a retired key travels too
+	}
 	src.Register(4, [][]byte{[]byte("f")}, RemoteAtomic, Options{Addr: 1 << 40})
 	stream := export(f, src)
 	f.Add(stream)
@@ -379,6 +382,7 @@ func FuzzParseExportRegion(f *testing.F) {
 		{STag: 0x123456, Access: RemoteRead, Base: 1, Length: 2},
 		{STag: 0x100, PD: 3, Access: RemoteWrite, Semantics: Durable, Base: 4096, Length: 1 << 30, Placed: 5,
 			Keys: []ExportKey{{1, ReadThrough}, {2, Plain}}, File: "/var/data/f", FileOff: 8192},
+		{STag: 0x200, Access: RemoteRead, Base: 1, Length: 9, Keys: []ExportKey{{7, Detached}}},
 	} {
 		b, _ := e.Append(nil)
 		f.Add(b)
