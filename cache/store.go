@@ -416,7 +416,8 @@ func (s *store) newBlock() (*block, error) {
 // goes back to the control path. Revoked, the key made such a Read an
 // invalid STag, whose Terminate ended the client's connection and every
 // other call on it. A retired key is revoked when the key comes round
-// again, 254 reuses on.
+// again, 254 reuses on; a restart forgets them (an address from before
+// it into a block reused since is an invalid STag again).
 func (s *store) reuse(b *block) error {
 	old := b.stag()
 	b.key++

@@ -17,8 +17,12 @@ import (
 // owner deregisters it once the peer says it is done (or the connection
 // ends); local work requests still reach the memory.
 //
-// The data path pays nothing: writes look at the flags in wuse already
-// (WriteSlices), and Read Responses load it once per FPDU.
+// A key can be detached alone (Retire): the region's other keys still
+// reach the memory. The data path pays a compare with the key's
+// semantics, which a Write looks up already (Durable), and a load of the
+// flags in wuse, which WriteSlices loads already. Peers' bytes meet in
+// the sink and mean nothing: two connections writing one sink at once
+// race, harmlessly, over garbage.
 
 // sinkMax bounds a detached region's sink: peers' accesses wrap around
 // it. Sinks are made only when a region is detached.

@@ -553,9 +553,8 @@ func (t *Table) Deregister(r *Region) error {
 }
 
 // drain waits until no hold is left on r, or ctx is done or limit has
-// passed. Holds last
-// as long as one FPDU takes to arrive or one batch to be written, so it
-// yields first and sleeps only if that was not enough.
+// passed. Holds last as long as one FPDU takes to arrive or one batch to
+// be written, so it yields first and sleeps only if that was not enough.
 func (r *Region) drain(ctx context.Context, limit time.Duration) bool {
 	var deadline time.Time
 	sleep := 10 * time.Microsecond
