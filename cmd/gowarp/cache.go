@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -146,6 +147,7 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 	maxValue := fs.String("max-value", "0", "largest value (0: 64 MiB, or what 64 blocks hold if less)")
 	sf := addServeClusterFlags(fs)
 	httpAddr := fs.String("http", "", "serve the status page (/) and Prometheus metrics (/metrics) on `host:port` (off if empty; port 0 picks one)")
+	cpuprof := fs.String("cpuprofile", "", "write a CPU profile of the server to `FILE` (go tool pprof reads it) until it stops")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -159,6 +161,12 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 		fmt.Fprintln(stderr, "gowarp cache serve: bad flags", err)
 		return exitUsage
 	}
+	stopProf, err := startProfiles(*cpuprof, "")
+	if err != nil {
+		fmt.Fprintln(stderr, "gowarp cache serve:", err)
+		return exitUsage
+	}
+	defer stopProf()
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	mon, err := monitor.New(monitor.Options{Name: *addr, Logger: log})
 	if err != nil {
@@ -360,12 +368,14 @@ func (b *bar) done() {
 func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) int {
 	dur := fs.Duration("duration", 2*time.Second, "time per case")
 	conc := fs.String("c", "16", "goroutines of the 4 KiB cases (the same for memcached and gowarp): `N[,N...]`, each in turn")
-	largeConc := fs.Int("large-c", 2, "goroutines of the 1 MiB cases")
+	largeConc := fs.Int("large-c", 2, "goroutines of the 1 MiB cases (0: none run)")
 	conns := fs.Int("conns", 0, "the gowarp client's connections (0: 2)")
 	keys := fs.Int("keys", 1000, "4 KiB values preloaded (1 MiB: a hundredth, at least 8)")
 	mcBin := fs.String("memcached", "memcached", "the memcached binary (scripts/memcached installs Debian's)")
 	rounds := fs.Int("rounds", 1, "repeat every case `N` times, the systems taking turns, and report each one's median round")
 	asJSON := fs.Bool("json", false, "print one JSON object per result")
+	systems := fs.String("systems", "", "run only these systems' cases: `NAME[,NAME...]` (memcached, gowarp-readat, gowarp-perf…; default all)")
+	cpuprof := fs.String("cpuprofile", "", "write a CPU profile of this process (the clients; the server too with -in-process) to `FILE`, and the server process's to FILE.server")
 	inProc := fs.Bool("in-process", false, "run the cache server in this process rather than in a process of its own (as memcached is)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -382,12 +392,17 @@ func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, st
 		}
 		concs = append(concs, n)
 	}
-	if fs.NArg() > 0 || *rounds < 1 || len(concs) == 0 || *largeConc < 1 || *keys < 1 || *conns < 0 {
+	if fs.NArg() > 0 || *rounds < 1 || len(concs) == 0 || *largeConc < 0 || *keys < 1 || *conns < 0 {
 		fs.Usage()
 		return exitUsage
 	}
-	cfg := cachebench.Config{Duration: *dur, Concurrency: concs, LargeConc: *largeConc, Keys: *keys, Conns: *conns, Memcached: *mcBin, Rounds: *rounds,
+	cfg := cachebench.Config{Duration: *dur, Concurrency: concs, LargeConc: cmp.Or(*largeConc, -1), Keys: *keys, Conns: *conns, Memcached: *mcBin, Rounds: *rounds,
 		Log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if *systems != "" {
+		for _, s := range strings.Split(*systems, ",") {
+			cfg.Systems = append(cfg.Systems, strings.TrimSpace(s))
+		}
+	}
 	if !*inProc {
 		exe, err := os.Executable()
 		if err != nil {
@@ -395,13 +410,22 @@ func cacheBench(ctx context.Context, fs *flag.FlagSet, args []string, stdout, st
 			return exitFailure
 		}
 		cfg.ServerCmd = []string{exe, "cache", "serve"}
+		if *cpuprof != "" {
+			cfg.ServerCmd = append(cfg.ServerCmd, "-cpuprofile", *cpuprof+".server")
+		}
 	}
+	stopProf, err := startProfiles(*cpuprof, "")
+	if err != nil {
+		fmt.Fprintln(stderr, "gowarp cache bench:", err)
+		return exitUsage
+	}
+	defer stopProf()
 	enc := json.NewEncoder(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	if !*asJSON {
 		fmt.Fprintln(tw, "system\tsize\tconc\tops/s\tMB/s\tmean µs\tp50 µs\tp99 µs\tCPU µs/op\t")
 	}
-	err := cachebench.Run(ctx, cfg, func(r cachebench.Result) {
+	err = cachebench.Run(ctx, cfg, func(r cachebench.Result) {
 		if *asJSON {
 			enc.Encode(r)
 			return

@@ -106,6 +106,32 @@ func TestCacheBench(t *testing.T) {
 	}
 }
 
+// TestCacheBenchSystems: -systems runs only the cases named and
+// -large-c 0 none of 1 MiB; -cpuprofile leaves a profile of the bench's
+// process and one of the server's.
+func TestCacheBenchSystems(t *testing.T) {
+	if _, err := exec.LookPath("memcached"); err != nil {
+		t.Skip("memcached is not installed (scripts/memcached installs it)")
+	}
+	t.Setenv("GOWARP_CMD_MAIN", "1") // for the server process
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	prof := filepath.Join(t.TempDir(), "cpu.prof")
+	code, out, errs := runCmd(t, ctx, "cache", "bench", "-duration=100ms", "-keys=20", "-c=2", "-large-c=0", "-systems=gowarp-readat", "-cpuprofile", prof, "-json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], `"system":"gowarp-readat","size":4096`) {
+		t.Fatalf("results %q, want one of gowarp-readat at 4 KiB", out)
+	}
+	for _, p := range []string{prof, prof + ".server"} {
+		if st, err := os.Stat(p); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", p, err)
+		}
+	}
+}
+
 // TestCacheServeHTTP: gowarp cache serve -http serves the status page and
 // the metrics while it serves the cache, and stops with it.
 func TestCacheServeHTTP(t *testing.T) {

@@ -33,7 +33,7 @@ type Config struct {
 	// Concurrency lists the goroutines (GETs in flight) of the 4 KiB
 	// cases, each run in turn (default 16).
 	Concurrency []int
-	LargeConc   int    // goroutines of the 1 MiB cases
+	LargeConc   int    // goroutines of the 1 MiB cases (default 2; negative: none run)
 	Keys        int    // values of each size preloaded
 	Conns       int    // the gowarp client's connections (0: 2)
 	Memcached   string // the memcached binary (default: memcached on PATH)
@@ -47,7 +47,15 @@ type Config struct {
 	// log names its address (addr=host:port). Empty: the server runs in
 	// this process, its goroutines next to the client's.
 	ServerCmd []string
-	Log       *slog.Logger
+	// Systems, if set, names the systems to run (Result.System; the perf
+	// row is "gowarp-perf"); empty runs them all.
+	Systems []string
+	Log     *slog.Logger
+}
+
+// runs reports whether cfg runs system.
+func (cfg Config) runs(system string) bool {
+	return len(cfg.Systems) == 0 || slices.Contains(cfg.Systems, system)
 }
 
 // Result is one case's outcome.
@@ -86,7 +94,7 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 	if len(cfg.Concurrency) == 0 {
 		cfg.Concurrency = []int{16}
 	}
-	if cfg.LargeConc <= 0 {
+	if cfg.LargeConc == 0 {
 		cfg.LargeConc = 2
 	}
 	if cfg.Rounds <= 0 {
@@ -161,7 +169,9 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 	for _, c := range cfg.Concurrency {
 		kases = append(kases, kase{4 << 10, cfg.Keys, c})
 	}
-	kases = append(kases, kase{1 << 20, max(8, cfg.Keys/100), cfg.LargeConc})
+	if cfg.LargeConc > 0 {
+		kases = append(kases, kase{1 << 20, max(8, cfg.Keys/100), cfg.LargeConc})
+	}
 	loaded := map[int]bool{}
 	for _, k := range kases {
 		size, keys, conc := k.size, k.keys, k.conc
@@ -240,6 +250,12 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 			{"gowarp-lookup+read", lookupRead(cl, mrs)},
 			{"gowarp-lookup-index+read", lookupRead(ci, imrs)},
 		}
+		cases = slices.DeleteFunc(cases, func(c struct {
+			system string
+			op     func(g, i int) error
+		}) bool {
+			return !cfg.runs(c.system)
+		})
 		runs := make([][]Result, len(cases))
 		for range cfg.Rounds {
 			for i, c := range cases {
@@ -257,7 +273,7 @@ func Run(ctx context.Context, cfg Config, emit func(Result)) error {
 			mrs[g].Deregister()
 			imrs[g].Deregister()
 		}
-		if size == 1<<20 {
+		if size == 1<<20 && cfg.runs("gowarp-perf") {
 			var rs []Result
 			for range cfg.Rounds {
 				r, err := perfReadBW(ctx, size, cfg)
@@ -376,7 +392,14 @@ func startServerProcess(ctx context.Context, argv []string, dir string) (string,
 	if err := cmd.Start(); err != nil {
 		return "", 0, nil, fmt.Errorf("cachebench: cache server: %w", err)
 	}
-	stop := func() { cmd.Process.Kill(); cmd.Wait() }
+	stop := func() {
+		// Interrupted, the server ends as on ^C (and writes its profile,
+		// if asked to); killed if it has not within 10 s.
+		cmd.Process.Signal(os.Interrupt)
+		t := time.AfterFunc(10*time.Second, func() { cmd.Process.Kill() })
+		cmd.Wait()
+		t.Stop()
+	}
 	found := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
