@@ -18,8 +18,9 @@ import (
 // writeVecsSmall), so no call allocates in steady state and an idle link
 // holds no write arrays beyond 384 bytes.
 type fdLink struct {
-	c  net.Conn
-	rc syscall.RawConn
+	c    net.Conn
+	rc   syscall.RawConn
+	race unsafe.Pointer // the race detector's stand-in for the stream (link_race.go)
 
 	riov  []unix.Iovec
 	rn    int
@@ -67,7 +68,7 @@ func NewLink(c net.Conn) Link {
 	if err != nil {
 		return &streamLink{c: c}
 	}
-	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov)}
+	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c)}
 	l.rfunc, l.ifunc, l.wfunc, l.ofunc, l.mfunc, l.cfunc, l.tfunc = l.doRead, l.doReadIdle, l.doWrite, l.doOutq, l.doMSS, l.doCork, l.doInfo
 	_ = rc.Control(l.mfunc)
 	return l
@@ -119,6 +120,7 @@ func (l *fdLink) Readv(bufs [][]byte) (int, error) {
 	l.rn, l.rerr = 0, nil
 	err := l.rc.Read(l.rfunc)
 	clear(l.riov) // drop the references to the buffers
+	linkAcquire(l.race)
 	if err != nil {
 		return 0, err
 	}
@@ -136,6 +138,7 @@ func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte) (int,
 	l.ibuf, l.iput, l.iget = buf, put, get
 	l.rn, l.rerr = 0, nil
 	err := l.rc.Read(l.ifunc)
+	linkAcquire(l.race)
 	b := l.ibuf
 	l.ibuf, l.iput, l.iget = nil, nil, nil
 	if err != nil {
@@ -290,6 +293,7 @@ func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 		}
 	}
 	l.wblock = block
+	linkRelease(l.race)
 	err := l.rc.Write(l.wfunc)
 	clear(l.wiov) // drop the references to the buffers
 	clear(l.wmsg)
