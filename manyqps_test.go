@@ -307,50 +307,64 @@ func benchManyTCP(b *testing.B, n int) {
 		}
 		defer conns[i].Close()
 	}
+	readers := make([]*bufio.Reader, n)
+	for i, c := range conns {
+		readers[i] = bufio.NewReaderSize(c, 64<<10)
+	}
 	var left atomic.Int64
-	left.Store(int64(b.N))
 	var failed atomic.Value
 	var wg sync.WaitGroup
-	b.ResetTimer()
-	cpu0 := cpuTime()
-	for _, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := bufio.NewReaderSize(c, 64<<10)
-			write := make([]byte, hdr+size)
-			write[0] = 'W'
-			read := make([]byte, hdr)
-			read[0] = 'R'
-			answer := make([]byte, size)
-			reads, k := 0, 0 // Reads in flight, operations posted
-			for {
-				// Writes are done once written; a Read holds its place
-				// in the window until its answer is read.
-				for reads < depth && left.Add(-1) >= 0 {
-					m := write
-					if k&1 == 1 {
-						m = read
-						reads++
+	run := func() {
+		for i, c := range conns {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := readers[i]
+				write := make([]byte, hdr+size)
+				write[0] = 'W'
+				read := make([]byte, hdr)
+				read[0] = 'R'
+				answer := make([]byte, size)
+				reads, k := 0, 0 // Reads in flight, operations posted
+				for {
+					// Writes are done once written; a Read holds its
+					// place in the window until its answer is read.
+					for reads < depth && left.Add(-1) >= 0 {
+						m := write
+						if k&1 == 1 {
+							m = read
+							reads++
+						}
+						k++
+						if _, err := c.Write(m); err != nil {
+							failed.Store(err)
+							return
+						}
 					}
-					k++
-					if _, err := c.Write(m); err != nil {
+					if reads == 0 {
+						return
+					}
+					if _, err := io.ReadFull(r, answer); err != nil {
 						failed.Store(err)
 						return
 					}
+					reads--
 				}
-				if reads == 0 {
-					return
-				}
-				if _, err := io.ReadFull(r, answer); err != nil {
-					failed.Store(err)
-					return
-				}
-				reads--
-			}
-		}()
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	// Warm-up, untimed, as BenchmarkManyQPs's: the sockets' buffers and
+	// the heap grow to their steady size before the timer starts.
+	left.Store(int64(16 * depth * n))
+	run()
+	if err, ok := failed.Load().(error); ok {
+		b.Fatal(err)
+	}
+	left.Store(int64(b.N))
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	run()
 	b.StopTimer()
 	cpu := cpuTime() - cpu0
 	if err, ok := failed.Load().(error); ok {
