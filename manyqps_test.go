@@ -108,7 +108,15 @@ func benchManyQPs(b *testing.B, n int) {
 	// depth operations in flight on all of them need (tens of MB at
 	// N=256), and the heap to its steady size, so the timed run measures
 	// the steady state and not those page faults and collections.
-	left.Store(int64(warm * n))
+	measureMany(b, warm*n, &left, &failed, run)
+}
+
+// measureMany runs warm operations untimed, then b.N timed, each time by
+// storing the count in left and calling run, and reports the rate and
+// the process's CPU time per operation: the machine may be shared, and
+// that shows the cost of the path whatever share of the CPUs it got.
+func measureMany(b *testing.B, warm int, left *atomic.Int64, failed *atomic.Value, run func()) {
+	left.Store(int64(warm))
 	run()
 	if err, ok := failed.Load().(error); ok {
 		b.Fatal(err)
@@ -123,8 +131,6 @@ func benchManyQPs(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-	// The machine may be shared: the process's CPU time per operation
-	// shows the cost of the path whatever share of the CPUs it got.
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
 
@@ -356,20 +362,5 @@ func benchManyTCP(b *testing.B, n int) {
 	}
 	// Warm-up, untimed, as BenchmarkManyQPs's: the sockets' buffers and
 	// the heap grow to their steady size before the timer starts.
-	left.Store(int64(16 * depth * n))
-	run()
-	if err, ok := failed.Load().(error); ok {
-		b.Fatal(err)
-	}
-	left.Store(int64(b.N))
-	b.ResetTimer()
-	cpu0 := cpuTime()
-	run()
-	b.StopTimer()
-	cpu := cpuTime() - cpu0
-	if err, ok := failed.Load().(error); ok {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	measureMany(b, 16*depth*n, &left, &failed, run)
 }

@@ -131,22 +131,10 @@ func (r *Region) Expose(s Semantics, key uint8, fixed bool) (STag, error) {
 // an unknown STag from then on. The region's own key cannot be revoked
 // (Deregister the region). Accesses already under way finish.
 func (r *Region) Revoke(s STag) error {
-	t := r.table
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.frozen.Load() {
-		return ErrFrozen
-	}
-	old := r.keys.Load()
-	if s.Index() != r.stag.Index() || old == nil || !old.contains(s.Key()) {
-		return fmt.Errorf("%w: %v is not an exposed key of the region", ErrInvalid, s)
-	}
-	n := &keySet{}
-	*n = *old
-	n.has[s.Key()>>6] &^= 1 << (s.Key() & 63)
-	n.sem[s.Key()] = Plain
-	r.keys.Store(n)
-	return nil
+	return r.changeKey(s, func(n *keySet) {
+		n.has[s.Key()>>6] &^= 1 << (s.Key() & 63)
+		n.sem[s.Key()] = Plain
+	})
 }
 
 // Retire gives a key Expose gave the semantics Detached: accesses through
@@ -159,7 +147,13 @@ func (r *Region) Revoke(s STag) error {
 // stale. Accesses already under way finish in the memory (see InUse).
 // Revoke the key to end it.
 func (r *Region) Retire(s STag) error {
-	r.makeSink()
+	r.makeSink() // before the key changes: who sees the key sees the sink
+	return r.changeKey(s, func(n *keySet) { n.sem[s.Key()] = Detached })
+}
+
+// changeKey publishes the region's keys with f applied to a copy, if s is
+// one Expose gave.
+func (r *Region) changeKey(s STag, f func(n *keySet)) error {
 	t := r.table
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -172,8 +166,8 @@ func (r *Region) Retire(s STag) error {
 	}
 	n := &keySet{}
 	*n = *old
-	n.sem[s.Key()] = Detached
-	r.keys.Store(n) // after the sink is made: who sees the key sees the sink
+	f(n)
+	r.keys.Store(n)
 	return nil
 }
 
