@@ -52,11 +52,11 @@ func Ping(ctx context.Context, dev *gowarp.Device, addr string, o ClientOptions)
 	}
 	defer c.close()
 	acc := gowarp.LocalWrite | gowarp.RemoteRead | gowarp.RemoteWrite
-	start, err := c.pd.Register(make([]byte, o.Size), acc)
+	start, err := c.register(o.Size, acc)
 	if err != nil {
 		return Result{}, err
 	}
-	sink, err := c.pd.Register(make([]byte, o.Size), acc)
+	sink, err := c.register(o.Size, acc)
 	if err != nil {
 		return Result{}, err
 	}

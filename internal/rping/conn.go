@@ -21,6 +21,7 @@ type conn struct {
 	cq   *gowarp.CQ
 	recv *gowarp.MR
 	send *gowarp.MR
+	mrs  []*gowarp.MR // every region registered for the connection (register)
 
 	wc     [8]gowarp.Completion
 	queued []gowarp.Completion
@@ -38,13 +39,24 @@ func newConn(dev *gowarp.Device) (*conn, error) {
 	if c.qp, err = c.pd.NewQP(gowarp.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, SendDepth: sqDepth, RecvDepth: 2}); err != nil {
 		return nil, err
 	}
-	if c.recv, err = c.pd.Register(make([]byte, InfoLen), gowarp.LocalWrite); err != nil {
+	if c.recv, err = c.register(InfoLen, gowarp.LocalWrite); err != nil {
+		c.close()
 		return nil, err
 	}
-	if c.send, err = c.pd.Register(make([]byte, InfoLen), 0); err != nil {
+	if c.send, err = c.register(InfoLen, 0); err != nil {
+		c.close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// register registers n bytes for the connection; close deregisters them.
+func (c *conn) register(n int, acc gowarp.Access) (*gowarp.MR, error) {
+	mr, err := c.pd.Register(make([]byte, n), acc)
+	if err == nil {
+		c.mrs = append(c.mrs, mr)
+	}
+	return mr, err
 }
 
 // postRecv posts the one receive for the peer's next message.
@@ -126,4 +138,13 @@ func (c *conn) recvInfo(ctx context.Context) (Info, error) {
 	return info, nil
 }
 
-func (c *conn) close() { c.qp.Close() }
+// close closes the queue pair and deregisters the connection's regions:
+// a persistent server (-P) serves any number of clients, and a region
+// left registered stays in the device's STag table for good.
+func (c *conn) close() {
+	c.qp.Close()
+	for _, mr := range c.mrs {
+		mr.Deregister() // the queue pair is closed: nothing pins it
+	}
+	c.mrs = nil
+}

@@ -249,3 +249,35 @@ func setup(t *testing.T) (context.Context, *gowarp.Device, *gowarp.Listener) {
 	t.Cleanup(func() { ln.Close() })
 	return ctx, dev, ln
 }
+
+// TestPersistentServerFreesRegions: a persistent server deregisters each
+// client's regions when the client leaves, and a client its own when it
+// is done: the STag tables of both devices are as empty after 20 clients
+// as before.
+func TestPersistentServerFreesRegions(t *testing.T) {
+	ctx, dev, ln := setup(t)
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	errc := make(chan error, 1)
+	go func() { errc <- Serve(sctx, dev, ln, true, ServerOptions{}) }()
+	cdev := gowarp.Open()
+	before := dev.DefaultTable().Len()
+	for k := range 20 {
+		if _, err := Ping(ctx, cdev, ln.Addr().String(), ClientOptions{Count: 2, Validate: true, Connect: gowarp.ConnectOptions{NoP2P: true}}); err != nil {
+			t.Fatalf("client %d: %v", k, err)
+		}
+	}
+	if n := cdev.DefaultTable().Len(); n != 0 {
+		t.Errorf("%d regions left registered by 20 clients", n)
+	}
+	// The server's session ends a moment after its client's.
+	for deadline := time.Now().Add(5 * time.Second); dev.DefaultTable().Len() != before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d regions left registered by the server after 20 clients, %d before", dev.DefaultTable().Len(), before)
+		}
+	}
+	scancel()
+	if err := <-errc; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+}

@@ -83,7 +83,7 @@ func ServeConn(ctx context.Context, dev *gowarp.Device, req *gowarp.ConnRequest,
 	}
 	defer c.close()
 	// rping's server buffer is its own -S; this one takes any client size.
-	buf, err := c.pd.Register(make([]byte, MaxSize+1), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite)
+	buf, err := c.register(MaxSize+1, gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite)
 	if err != nil {
 		req.Reject(nil)
 		return Result{}, err
