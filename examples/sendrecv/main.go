@@ -138,17 +138,20 @@ func serve(ctx context.Context, addr string, size, n int, crc bool) error {
 
 func serveOne(ctx context.Context, dev *gowarp.Device, req *gowarp.ConnRequest, size int, crc bool) error {
 	pd := dev.AllocPD()
+	buf := make([]byte, 2*size)
+	mr, err := pd.Register(buf, gowarp.LocalWrite)
+	if err != nil {
+		return err
+	}
+	// A server outlives its clients: their regions go with them, after
+	// their queue pair (deferred later, it closes first).
+	defer mr.Deregister()
 	cq := dev.NewCQ(4)
 	qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq, SendDepth: 1, RecvDepth: 1})
 	if err != nil {
 		return err
 	}
 	defer qp.Close()
-	buf := make([]byte, 2*size)
-	mr, err := pd.Register(buf, gowarp.LocalWrite)
-	if err != nil {
-		return err
-	}
 	// Posted before Accept, so the client may send at once.
 	if err := qp.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: mr, Length: size}}}); err != nil {
 		return err
