@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gowarp/gowarp/internal/cm"
+	"github.com/gowarp/gowarp/internal/mem"
 )
 
 // The connection's life: setup through the connection manager (Connect,
@@ -365,5 +366,32 @@ func (q *QP) Close() error {
 		q.releaseTxLocked()
 	}
 	q.mu.Unlock()
+	q.forget()
 	return nil
+}
+
+// forget drops what a closed queue pair still points at of the memory its
+// work used: pieces and regions in the receive path's state, the sinks in
+// the ORQ's slots. A closed queue pair lives on in the device's events,
+// which an application may never read, and in its own maps: it must not
+// keep the buffers of regions deregistered since (with a server's last
+// 256 clients' in its event buffer, that was hundreds of MB). A receive
+// path still held (a waiter on its way out) keeps its state.
+func (q *QP) forget() {
+	if q.rxMu.TryLock() {
+		r := &q.rx
+		r.release() // its holds end, if a failure left any
+		clear(r.iov[:cap(r.iov)])
+		clear(r.dst[:cap(r.dst)])
+		r.iov, r.dst, r.di = r.iov[:0], r.dst[:0], 0
+		r.held = [MaxSGE]*mem.Region{}
+		r.fileChk = fileCheck{}
+		r.recv, r.recvWQE = nil, rqEntry{}
+		q.rxMu.Unlock()
+	}
+	q.mu.Lock()
+	if !q.txBusy {
+		clear(q.orq)
+	}
+	q.mu.Unlock()
 }

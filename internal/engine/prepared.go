@@ -37,9 +37,15 @@ const shapeSlots = 8
 
 // shape is a cached, checked work-request shape.
 type shape struct {
-	fp     uint64
-	wr     SendWR // SGL nil, ID 0, Signaled clear
+	fp uint64
+	wr SendWR // SGL nil, ID 0, Signaled clear
+	// sges are a Prepared's SGEs. The QP's cache of shapes keeps their
+	// offsets and lengths there but no region: a region's ID in ids
+	// instead, so that a shape cached does not keep the memory of a
+	// region deregistered since (nor a closed queue pair, which the
+	// device's events name, keep its last work's buffers).
 	sges   [MaxSGE]SGE
+	ids    [MaxSGE]uint64
 	nsge   int
 	length int
 	tmpl   headerTmpl
@@ -72,8 +78,8 @@ func (s *shape) same(wr *SendWR) bool {
 		s.wr.RemoteAddr != wr.RemoteAddr || s.wr.InvalidateSTag != wr.InvalidateSTag || s.wr.Imm != wr.Imm || s.wr.CompareAdd != wr.CompareAdd || s.wr.Swap != wr.Swap || s.nsge != len(wr.SGL) {
 		return false
 	}
-	for i := range wr.SGL {
-		if s.sges[i] != wr.SGL[i] || !s.sges[i].MR.Valid() {
+	for i, g := range wr.SGL {
+		if g.MR == nil || s.ids[i] != g.MR.ID() || s.sges[i].Offset != g.Offset || s.sges[i].Length != g.Length || !g.MR.Valid() {
 			return false
 		}
 	}
@@ -166,7 +172,11 @@ func (q *QP) lookupShapeLocked(wr *SendWR) (*shape, error) {
 	}
 	*s = shape{fp: fp, wr: *wr, length: total}
 	s.wr.SGL, s.wr.ID, s.wr.Flags = nil, 0, wr.Flags&^Signaled
-	s.nsge = copy(s.sges[:], wr.SGL)
+	s.nsge = len(wr.SGL)
+	for i, g := range wr.SGL {
+		s.sges[i] = SGE{Offset: g.Offset, Length: g.Length}
+		s.ids[i] = g.MR.ID() // checkShape found every MR set
+	}
 	s.tmpl = makeTmpl(wr, wr.SGL)
 	return s, nil
 }

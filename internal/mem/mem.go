@@ -118,6 +118,9 @@ type Region struct {
 	sem  Semantics
 	keys atomic.Pointer[keySet]
 
+	// id names the region in the process, never another (ID).
+	id uint64
+
 	valid atomic.Bool
 	// use counts the region's users (see the use* constants): pins of
 	// posted work requests and Prepared handles, which make Deregister
@@ -157,6 +160,14 @@ const (
 	usePins   = useClosed - usePin // the pin count's bits
 	useHolds  = usePin - 1         // the hold count's bits
 )
+
+// regionIDs numbers the regions made in the process (Region.ID).
+var regionIDs atomic.Uint64
+
+// ID returns a number that names the region and will never name another
+// in this process: a cache of work-request shapes keeps it rather than
+// the *Region, which would keep a deregistered region's memory alive.
+func (r *Region) ID() uint64 { return r.id }
 
 // STag returns the region's steering tag (the rkey/lkey of libibverbs).
 func (r *Region) STag() STag { return r.stag }
@@ -495,6 +506,7 @@ func (t *Table) insert(r *Region, bufs [][]byte, o Options) error {
 		}
 	}
 	r.stag = STag(idx<<8 | uint32(key))
+	r.id = regionIDs.Add(1)
 	t.regions[idx] = r
 	r.valid.Store(true)
 	return nil

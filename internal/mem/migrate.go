@@ -375,6 +375,7 @@ func (t *Table) Import(ctx context.Context, rd io.Reader, newPD func() uint32, o
 	}
 	for _, r := range imp.Regions {
 		r.pd = imp.PDs[r.pd]
+		r.id = regionIDs.Add(1)
 		t.regions[r.stag.Index()] = r
 		r.valid.Store(true)
 	}
