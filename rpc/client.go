@@ -86,32 +86,34 @@ func Dial(ctx context.Context, dev *gowarp.Device, addr string, o Options) (*Cli
 		return nil, fmt.Errorf("rpc: dial: %w", err)
 	}
 	c.qp = qp
+	failed := func(err error) (*Client, error) {
+		qp.Close()
+		c.release()
+		return nil, err
+	}
 	if c.recvMR, err = c.pd.Register(make([]byte, n*o.MaxMessage), gowarp.LocalWrite); err != nil {
-		return nil, fmt.Errorf("rpc: dial: %w", err)
+		return failed(fmt.Errorf("rpc: dial: %w", err))
 	}
 	c.recvs = make([]gowarp.RecvWR, n)
 	for i := range c.recvs {
 		c.recvs[i] = gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: c.recvMR, Offset: i * o.MaxMessage, Length: o.MaxMessage}}}
 	}
 	if _, err := qp.PostRecvList(c.recvs); err != nil {
-		return nil, fmt.Errorf("rpc: dial: %w", err)
+		return failed(fmt.Errorf("rpc: dial: %w", err))
 	}
 	pd := hello{Slots: uint16(n), MaxMessage: uint32(o.MaxMessage)}.append(nil)
 	if err := qp.Connect(ctx, addr, gowarp.ConnectOptions{PrivateData: pd, IRD: 128, ORD: 16}); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
+		return failed(fmt.Errorf("rpc: dial %s: %w", addr, err))
 	}
 	h, err := parseHello(qp.PeerPrivateData())
 	if err != nil || int(h.Slots) > n || int(h.MaxMessage) > o.MaxMessage {
-		qp.Close()
-		return nil, fmt.Errorf("rpc: dial %s: server's hello: %w", addr, errors.Join(err, ErrMalformed))
+		return failed(fmt.Errorf("rpc: dial %s: server's hello: %w", addr, errors.Join(err, ErrMalformed)))
 	}
 	n, c.maxMsg, c.session = int(h.Slots), int(h.MaxMessage), h.Session
 	c.cancel.Store(cancelCredits)
 	sendBuf := make([]byte, n*(c.maxMsg+cancelLen))
 	if c.sendMR, err = c.pd.Register(sendBuf, gowarp.LocalWrite); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("rpc: dial: %w", err)
+		return failed(fmt.Errorf("rpc: dial: %w", err))
 	}
 	c.slots = make([]clientSlot, n)
 	c.free = make(chan uint16, n)
@@ -484,6 +486,19 @@ func (c *Client) onReply(k, n int) error {
 	return nil
 }
 
+// release deregisters the session's message buffers, once its queue
+// pair is closed (nothing pins them then): a process that opens and closes
+// sessions would otherwise keep every closed one's buffers registered.
+func (c *Client) release() {
+	for _, mr := range []*gowarp.MR{c.sendMR, c.recvMR} {
+		if mr != nil {
+			if err := mr.Deregister(); err != nil {
+				c.log.Error("rpc: a closed session's buffer stays registered", "stag", mr.STag(), "err", err)
+			}
+		}
+	}
+}
+
 // fail ends the session: every outstanding call gets err.
 func (c *Client) fail(err error) {
 	c.once.Do(func() {
@@ -491,6 +506,7 @@ func (c *Client) fail(err error) {
 		close(c.closed)
 		c.stop()
 		c.qp.Close()
+		defer c.release() // after the windows of the calls given up on
 		for i := range c.slots {
 			s := &c.slots[i]
 			switch {

@@ -549,3 +549,25 @@ func TestGiveUpAsReplyComes(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestClosedSessionsFreeRegions: a session deregisters its buffers as it
+// closes, on both sides: the STag tables are as empty after 20 sessions
+// (each with a call by reference) as before.
+func TestClosedSessionsFreeRegions(t *testing.T) {
+	_, _, addr := pair(t, Options{})
+	cdev := gowarp.Open(gowarp.WithLogger(quiet))
+	for k := range 20 {
+		cl, err := Dial(context.Background(), cdev, addr, Options{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := cl.Alloc(64 << 10)
+		if err := cl.Do(context.Background(), &Call{Method: "sum", Refs: []Span{b.All()}}); err != nil {
+			t.Fatalf("session %d: %v", k, err)
+		}
+		cl.Close()
+	}
+	if n := cdev.DefaultTable().Len(); n != 0 {
+		t.Fatalf("%d regions left registered by 20 closed sessions", n)
+	}
+}
