@@ -257,18 +257,28 @@ func (s *Server) open(ctx context.Context, req *gowarp.ConnRequest) error {
 	if x.qp, err = x.pd.NewQP(gowarp.QPConfig{SendCQ: x.cq, RecvCQ: x.cq, SendDepth: 6 * n, RecvDepth: nrecv}); err != nil {
 		return errors.Join(err, req.Reject(nil))
 	}
-	if x.recvMR, err = x.pd.Register(make([]byte, nrecv*msg), gowarp.LocalWrite); err != nil {
+	// A session refused before it is accepted leaves nothing behind.
+	refuse := func(err error) error {
+		x.qp.Close()
+		for _, mr := range []*gowarp.MR{x.recvMR, x.sendMR} {
+			if mr != nil {
+				mr.Deregister()
+			}
+		}
 		return errors.Join(err, req.Reject(nil))
 	}
+	if x.recvMR, err = x.pd.Register(make([]byte, nrecv*msg), gowarp.LocalWrite); err != nil {
+		return refuse(err)
+	}
 	if x.sendMR, err = x.pd.Register(make([]byte, n*msg), gowarp.LocalWrite); err != nil {
-		return errors.Join(err, req.Reject(nil))
+		return refuse(err)
 	}
 	x.recvs = make([]gowarp.RecvWR, nrecv)
 	for i := range x.recvs {
 		x.recvs[i] = gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: x.recvMR, Offset: i * msg, Length: msg}}}
 	}
 	if _, err := x.qp.PostRecvList(x.recvs); err != nil {
-		return errors.Join(err, req.Reject(nil))
+		return refuse(err)
 	}
 	x.calls = make([]ServerCall, n)
 	sendBuf := x.sendMR.Bytes()
