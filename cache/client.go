@@ -708,39 +708,41 @@ func (c *Client) dial(ctx context.Context) (*cliConn, error) {
 		return nil, fmt.Errorf("cache: dial: %w", err)
 	}
 	cc.qp = qp
+	// A dial that fails leaves nothing registered: a client retrying a
+	// server that is down would otherwise add a connection's buffers to
+	// its device's table at every try.
+	failed := func(err error) (*cliConn, error) {
+		cc.fail(ErrClosed)
+		return nil, err
+	}
 	if cc.recvMR, err = c.pd.Register(make([]byte, n*msg), gowarp.LocalWrite); err != nil {
-		return nil, fmt.Errorf("cache: dial: %w", err)
+		return failed(fmt.Errorf("cache: dial: %w", err))
 	}
 	cc.recvs = make([]gowarp.RecvWR, n)
 	for i := range cc.recvs {
 		cc.recvs[i] = gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: cc.recvMR, Offset: i * msg, Length: msg}}}
 	}
 	if _, err := qp.PostRecvList(cc.recvs); err != nil {
-		return nil, fmt.Errorf("cache: dial: %w", err)
+		return failed(fmt.Errorf("cache: dial: %w", err))
 	}
 	h := hello{Version: Version, Slots: uint16(n), MaxMsg: uint32(msg)}
 	if err := qp.Connect(ctx, c.addr, gowarp.ConnectOptions{PrivateData: h.append(nil), IRD: 1, ORD: 128}); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("cache: dial %s: %w", c.addr, err)
+		return failed(fmt.Errorf("cache: dial %s: %w", c.addr, err))
 	}
 	sh, err := parseHello(qp.PeerPrivateData())
 	if err != nil || int(sh.Slots) > n || int(sh.MaxMsg) > msg {
-		qp.Close()
-		return nil, fmt.Errorf("cache: dial %s: server's hello: %w", c.addr, errors.Join(err, ErrMalformed))
+		return failed(fmt.Errorf("cache: dial %s: server's hello: %w", c.addr, errors.Join(err, ErrMalformed)))
 	}
 	cc.srv = sh
 	n, cc.msg = int(sh.Slots), int(sh.MaxMsg)
 	if cc.sendMR, err = c.pd.Register(make([]byte, n*cc.msg), 0); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("cache: dial: %w", err)
+		return failed(fmt.Errorf("cache: dial: %w", err))
 	}
 	if cc.hdrMR, err = c.pd.Register(make([]byte, n*maxPiecesPerCall*HeaderLen), gowarp.LocalWrite); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("cache: dial: %w", err)
+		return failed(fmt.Errorf("cache: dial: %w", err))
 	}
 	if cc.bounceMR, err = c.pd.Register(make([]byte, n*InlineMax), gowarp.LocalWrite); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("cache: dial: %w", err)
+		return failed(fmt.Errorf("cache: dial: %w", err))
 	}
 	cc.slots = make([]cslot, n)
 	cc.free = make(chan int, n)
@@ -780,7 +782,9 @@ func (cc *cliConn) fail(err error) {
 		cc.qp.Close()
 		// Nothing lands in the buffers any more; a leader still handing
 		// out what it polled reads Go memory, which stays.
-		cc.recvMR.Deregister()
+		if cc.recvMR != nil {
+			cc.recvMR.Deregister()
+		}
 		if cc.sendMR != nil {
 			cc.sendMR.Deregister()
 		}

@@ -76,3 +76,32 @@ func TestStaleReadKeepsConnection(t *testing.T) {
 		t.Fatalf("get a: %q, %v", got, err)
 	}
 }
+
+// TestFailedDialsLeaveNothing: dials that fail (the server gone) leave
+// no region registered, nor do the calls that redial after it left.
+func TestFailedDialsLeaveNothing(t *testing.T) {
+	addr, srv := serveT(t, ServerOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dev := gowarp.Open(gowarp.WithLogger(discard))
+	c, err := Dial(ctx, addr, ClientOptions{Device: dev, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Put(ctx, "k", []byte("v"), PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	for range 5 {
+		if _, err := c.Get(ctx, "k"); err == nil {
+			t.Fatal("a get after the server closed succeeded")
+		}
+		if _, err := Dial(ctx, addr, ClientOptions{Device: dev, Logger: discard}); err == nil {
+			t.Fatal("a dial after the server closed succeeded")
+		}
+	}
+	c.Close()
+	if n := dev.DefaultTable().Len(); n != 0 {
+		t.Fatalf("%d regions left registered", n)
+	}
+}
