@@ -255,3 +255,22 @@ func TestSums(t *testing.T) {
 	c = dial(t, addr, cache.ClientOptions{})
 	check("with a sum of another generation", "s1")
 }
+
+// TestDirInUse: a second server on a data directory another one serves
+// fails at once, saying so, rather than waiting for the index's lock.
+func TestDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	a, err := cache.NewServer(cache.ServerOptions{Dir: dir, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := cache.NewServer(cache.ServerOptions{Dir: dir, Logger: quiet})
+	if err == nil {
+		b.Close()
+		t.Fatal("a second server on one data directory started")
+	}
+	if !errors.Is(err, cache.ErrServer) || !strings.Contains(err.Error(), "in use by another cache server") {
+		t.Fatalf("second server: %v", err)
+	}
+}
