@@ -12,6 +12,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 	"golang.org/x/sys/unix"
 
 	"github.com/gowarp/gowarp"
@@ -221,7 +222,7 @@ func openStore(dir string, bs, budget, maxValue int64, idxBuckets int, pd *gowar
 	// (db.Sync); the others are safe against a killed process (the page
 	// cache keeps what was written), not against a machine that fails.
 	db, err := bolt.Open(filepath.Join(dir, "index.db"), 0o600, &bolt.Options{Timeout: time.Second, NoSync: true})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		// bbolt holds an exclusive lock on the file while it is open.
 		return nil, fmt.Errorf("%w: %s is in use by another cache server (its index stayed locked for 1 s)", ErrServer, dir)
 	}
