@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"unsafe"
 
 	"github.com/gowarp/gowarp/wire"
@@ -91,6 +92,9 @@ func (s *shape) same(wr *SendWR) bool {
 func checkShape(wr *SendWR) (int, error) {
 	if len(wr.SGL) > MaxSGE {
 		return 0, ErrTooManySGE
+	}
+	if wr.Flags&^(Signaled|Solicited|Fence) != 0 {
+		return 0, fmt.Errorf("%w: unknown flags %#x", ErrBadOp, uint8(wr.Flags&^(Signaled|Solicited|Fence)))
 	}
 	switch wr.Op {
 	case OpSend, OpSendInv, OpWrite, OpRead, OpWriteImm, OpSendImm:
