@@ -1,15 +1,6 @@
 package cache_test
 
-import (
-	"syscall"
-	"time"
-)
+import "github.com/gowarp/gowarp/internal/cputime"
 
-// cpuTime returns the CPU time the process has used, user and system.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+// cpuTime is the process's CPU time, user and system.
+var cpuTime = cputime.Self

@@ -4,8 +4,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/gowarp/gowarp/internal/cputime"
 )
 
 // cpuTime is the user and system CPU time a process has used: this one
@@ -13,11 +14,7 @@ import (
 // Zero when it cannot be read.
 func cpuTime(pid int) time.Duration {
 	if pid == 0 {
-		var ru syscall.Rusage
-		if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-			return 0
-		}
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		return cputime.Self()
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {

@@ -2,7 +2,17 @@
 
 package cachebench
 
-import "time"
+import (
+	"time"
 
-// cpuTime reports zero: not measured here.
-func cpuTime(pid int) time.Duration { return 0 }
+	"github.com/gowarp/gowarp/internal/cputime"
+)
+
+// cpuTime is this process's CPU time (pid 0); another's is not read here
+// (zero).
+func cpuTime(pid int) time.Duration {
+	if pid == 0 {
+		return cputime.Self()
+	}
+	return 0
+}
