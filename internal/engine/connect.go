@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gowarp/gowarp/internal/cm"
-	"github.com/gowarp/gowarp/internal/mem"
 )
 
 // The connection's life: setup through the connection manager (Connect,
@@ -380,11 +379,10 @@ func (q *QP) Close() error {
 func (q *QP) forget() {
 	if q.rxMu.TryLock() {
 		r := &q.rx
-		r.release() // its holds end, if a failure left any
+		r.release() // its holds end (held cleared), if a failure left any
 		clear(r.iov[:cap(r.iov)])
 		clear(r.dst[:cap(r.dst)])
 		r.iov, r.dst, r.di = r.iov[:0], r.dst[:0], 0
-		r.held = [MaxSGE]*mem.Region{}
 		r.fileChk = fileCheck{}
 		r.recv, r.recvWQE = nil, rqEntry{}
 		q.rxMu.Unlock()

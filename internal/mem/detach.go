@@ -67,10 +67,14 @@ func (r *Region) Detached() bool { return r.wuse.Load()&wDetach != 0 }
 // the key retired, and then true (the bytes are not the region's: they do
 // not count as placed).
 func (r *Region) RemoteWriteSlices(dst [][]byte, sem Semantics, off, n uint64) ([][]byte, bool) {
-	if sem == Detached || r.wuse.Load()&wDetach != 0 {
+	v := r.wuse.Load() // once: the flags WriteSlices looks at too
+	if sem == Detached || v&wDetach != 0 {
 		return r.sinkSlices(dst, off, n), true
 	}
-	return r.WriteSlices(dst, off, n), false
+	if v&wCOW != 0 && n > 0 {
+		r.unshare(off, n)
+	}
+	return r.Slices(dst, off, n), false
 }
 
 // RemoteSlices is Slices for a peer's Read through a key of semantics
