@@ -238,7 +238,7 @@ const (
 // ErrCQOverrun), so a device whose events nobody reads works as before.
 // An event keeps the queue pair it names from the garbage collector until
 // it is read: unread, the buffer holds as many closed queue pairs, their
-// rings but none of their work's memory (about 150 KiB each for the
+// rings but none of their work's memory (about 180 KiB each for the
 // cache's connections). The channel is never closed.
 func (d *Device) Events() <-chan Event { return d.events }
 
