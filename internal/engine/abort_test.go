@@ -13,18 +13,25 @@ import (
 )
 
 // abortLink stands for a TCP connection that TCP aborts while a write
-// waits on it: once abort is closed, reads see end-of-file at once, and
-// the blocked write returns the abort's error a little later (it took
-// the error, as the kernel gives it to one system call only).
+// waits on it. The kernel gives the abort's error to one system call
+// only: once abort is closed, either reads see end-of-file at once and
+// the blocked write returns the error a little later (it took it), or,
+// with readTakes, the blocked write returns EPIPE at once and the read
+// the error a little later.
 type abortLink struct {
 	streamLink
 	abort     chan struct{}
-	writeLate time.Duration
+	late      time.Duration
+	readTakes bool
 	once      sync.Once
 }
 
 func (l *abortLink) Readv([][]byte) (int, error) {
 	<-l.abort
+	if l.readTakes {
+		time.Sleep(l.late)
+		return 0, syscall.ETIMEDOUT
+	}
 	return 0, io.EOF
 }
 
@@ -33,7 +40,10 @@ func (l *abortLink) Writev(_ [][]byte, _ []int, block bool) (int, error) {
 		return 0, errWouldBlock
 	}
 	<-l.abort
-	time.Sleep(l.writeLate)
+	if l.readTakes {
+		return 0, syscall.EPIPE
+	}
+	time.Sleep(l.late)
 	return 0, syscall.ETIMEDOUT
 }
 
@@ -57,6 +67,16 @@ func (l *abortLink) Close() error {
 // read's ErrPeerClosed (TestLinkTimeoutWindowClosed saw ErrPeerClosed in
 // 1 run of 5 under load).
 func TestAbortedConnectionSaysWhy(t *testing.T) {
+	for _, readTakes := range []bool{false, true} {
+		name := map[bool]string{false: "write takes the error", true: "read takes the error"}[readTakes]
+		t.Run(name, func(t *testing.T) { testAbortedConnectionSaysWhy(t, readTakes) })
+	}
+}
+
+// testAbortedConnectionSaysWhy: the read that took the error, or the write
+// that did (TestLinkTimeoutWindowClosed saw the write's EPIPE overtake the
+// read's ETIMEDOUT in 1 run of CI's), decides the queue pair's error.
+func testAbortedConnectionSaysWhy(t *testing.T, readTakes bool) {
 	table := mem.NewTable()
 	cq := NewCQ(64)
 	q, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: table})
@@ -64,7 +84,7 @@ func TestAbortedConnectionSaysWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, _ := net.Pipe()
-	l := &abortLink{streamLink: streamLink{c: c}, abort: make(chan struct{}), writeLate: 20 * time.Millisecond}
+	l := &abortLink{streamLink: streamLink{c: c}, abort: make(chan struct{}), late: 20 * time.Millisecond, readTakes: readTakes}
 	if err := q.Start(l, Params{IRD: 4, ORD: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +103,6 @@ func TestAbortedConnectionSaysWhy(t *testing.T) {
 		t.Errorf("Write completed %v, want flushed", c.Status)
 	}
 	if err := q.Err(); !errors.Is(err, ErrLinkTimeout) {
-		t.Errorf("Err %v, want ErrLinkTimeout (the write's), not the read's end-of-file", err)
+		t.Errorf("Err %v, want ErrLinkTimeout, not the other side's end-of-file or EPIPE", err)
 	}
 }

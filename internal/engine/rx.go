@@ -175,22 +175,12 @@ func (q *QP) rxFailed(err error) {
 		q.log.Debug("gowarp: peer sent Terminate", "err", err)
 		q.peerTerminated(pt)
 	case errors.Is(err, io.EOF):
-		if a, ok := q.link.(aborter); ok && a.Aborted() {
-			// TCP ended the connection itself (it timed out, or was
-			// reset) and a write took the error it recorded: the read
-			// then sees only the end. The writer fails the queue pair
-			// with that error in a moment; this read must not overtake
-			// it with "peer closed".
-			t := time.NewTimer(abortWait)
-			select {
-			case <-q.failed:
-			case <-t.C:
-				q.fail(linkErr(syscall.ECONNABORTED))
-			}
-			t.Stop()
-			break
+		// If TCP ended the connection itself and a write took the error,
+		// the read sees only the end: it must not overtake the writer's
+		// error with "peer closed".
+		if !q.failAborted(linkErr(syscall.ECONNABORTED)) {
+			q.fail(ErrPeerClosed)
 		}
-		q.fail(ErrPeerClosed)
 	case errors.Is(err, net.ErrClosed):
 		q.fail(ErrClosed)
 	default:
@@ -206,9 +196,32 @@ type aborter interface {
 	Aborted() bool
 }
 
-// abortWait bounds how long a read that met an aborted connection waits
-// for the write that took its error to fail the queue pair with it.
+// abortWait bounds how long a read or write that met an aborted
+// connection waits for the other, which took its error, to fail the queue
+// pair with it.
 const abortWait = time.Second
+
+// failAborted reports whether TCP ended the connection itself (it timed
+// out, or was reset) and the error it recorded went to another system
+// call than the caller's, the kernel giving it to one only: the read that
+// sees end-of-file, or the write that sees EPIPE, while the other side of
+// the queue pair holds ETIMEDOUT or ECONNRESET. That side fails the queue
+// pair with it in a moment; failAborted waits for it, up to abortWait,
+// and fails with fallback after that.
+func (q *QP) failAborted(fallback error) bool {
+	a, ok := q.link.(aborter)
+	if !ok || !a.Aborted() {
+		return false
+	}
+	t := time.NewTimer(abortWait)
+	select {
+	case <-q.failed:
+	case <-t.C:
+		q.fail(fallback)
+	}
+	t.Stop()
+	return true
+}
 
 // receiveInline runs the receive path on the calling goroutine, blocking
 // on the socket, until done reports true or ctx is done. It is how a

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"errors"
+	"syscall"
 
 	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
@@ -295,7 +296,9 @@ func (q *QP) transmit(block bool) {
 			closeLink := q.releaseTxLocked()
 			term := q.termDone != nil
 			q.mu.Unlock()
-			q.fail(linkErr(err))
+			if !errors.Is(err, syscall.EPIPE) || !q.failAborted(linkErr(err)) {
+				q.fail(linkErr(err))
+			}
 			if closeLink {
 				q.link.Close()
 			}
