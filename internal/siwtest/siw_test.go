@@ -157,6 +157,9 @@ func TestSIW(t *testing.T) {
 	t.Run("rdma_server/gowarp-client", s.rdmaServerClient)
 	t.Run("rdma_client/gowarp-server", s.rdmaClientServer)
 
+	// siw's Reads and Writes reaching detached regions and retired keys.
+	t.Run("detached/siw-reads-and-writes", s.siwReachesDetached)
+
 	// Terminate, both ways.
 	t.Run("terminate/siw-sends", s.siwSendsTerminate)
 	t.Run("terminate/gowarp-sends", s.gowarpSendsTerminate)
