@@ -194,8 +194,15 @@ const NoReads = -1
 // (host:port): TCP, then MPA, then the QP is ready. A Close while it is
 // under way makes it fail with ErrClosed. When the device's topology has
 // a direct link to addr's IP, the queue pair is placed on that adapter
-// and dials from it (see Device.Place and QP.Adapter).
+// and dials from it (see Device.Place and QP.Adapter). Options no peer
+// could accept (ErrPrivateDataLong, ErrMPARevision, a bad tenant name)
+// fail before the dial and leave the queue pair idle.
 func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
+	// Options no peer could accept fail before the dial, and leave the
+	// queue pair idle for a Connect with others.
+	if err := engine.CheckConnect((*engine.ConnectOptions)(&o)); err != nil {
+		return connErr(err)
+	}
 	if from := qp.table().id.addr; from.IsValid() {
 		// Bound to a local address: the connection leaves from it.
 		return qp.connectFrom(ctx, addr, from, o)

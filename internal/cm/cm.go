@@ -85,6 +85,13 @@ func (o *Options) defaults() {
 func (o *Options) ird() int { return max(o.IRD, 0) }
 func (o *Options) ord() int { return max(o.ORD, 0) }
 
+// Check reports what is wrong with o, as Initiate would, without a
+// connection: a caller checks before it dials.
+func Check(o Options) error {
+	o.defaults()
+	return o.check()
+}
+
 func (o *Options) check() error {
 	if o.Revision != 1 && o.Revision != 2 {
 		return fmt.Errorf("%w: %d", ErrRevision, o.Revision)

@@ -50,6 +50,10 @@ func (o *ConnectOptions) cm() cm.Options {
 	return cm.Options{Revision: o.MPARevision, CRC: o.CRC, IRD: o.IRD, ORD: o.ORD, PrivateData: o.PrivateData, NoP2P: o.NoP2P, LinkTimeout: o.LinkTimeout, Ext: o.Extensions, Shm: o.SharedMemory, ShmRing: o.SharedMemoryRing, Tenant: o.Tenant}
 }
 
+// CheckConnect reports what is wrong with o (too much private data, an
+// unknown MPA revision, a bad tenant name) before any connection is made.
+func CheckConnect(o *ConnectOptions) error { return cm.Check(o.cm()) }
+
 // Connect connects an idle queue pair to a listening peer at addr
 // (host:port): TCP, then MPA, then the QP is ready.
 // A Close while it is under way makes it fail with ErrClosed.
