@@ -158,7 +158,7 @@ type ConnectOptions struct {
 	// which link a queue pair got.
 	SharedMemory bool
 	// SharedMemoryRing is the bytes of each direction's ring that Connect
-	// offers (the responder follows): 0 means 4 MiB; others are rounded
+	// offers (the responder follows): 0 means 1 MiB; others are rounded
 	// up to a power of two from 64 KiB to 64 MiB.
 	SharedMemoryRing int
 	// Tenant names the STag table of the responder this connection is

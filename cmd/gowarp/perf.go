@@ -100,7 +100,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 		return nil
 	})
 	fs.BoolVar(&c.conn.SharedMemory, "shm", false, "offer a same-host shared-memory link (the server takes it whenever offered; the JSON's\ntransport says which link each run got); tcp_bw and tcp_lat stay plain TCP")
-	fs.Var((*sizeFlag)(&c.conn.SharedMemoryRing), "shm-ring", "with -shm, the `bytes` of each direction's ring (K and M suffixes allowed; a power of two\nfrom 64K to 64M; default 4M)")
+	fs.Var((*sizeFlag)(&c.conn.SharedMemoryRing), "shm-ring", "with -shm, the `bytes` of each direction's ring (K and M suffixes allowed; a power of two\nfrom 64K to 64M; default 1M)")
 	fs.IntVar(&c.conn.MaxFPDU, "fpdu", 0, "size of full FPDUs on the wire in `bytes` (0: the TCP segment)")
 	c.conn.Poll = defaultPoll
 	fs.Func("cq", "how to wait for completions: poll (busy Poll with runtime.Gosched) or wait (cq.Wait) (default "+waitName(defaultPoll)+");\nwrite_lat watches MR.Placed, sleeping 1µs between looks, either way", func(s string) error {
