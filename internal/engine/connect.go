@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/gowarp/gowarp/internal/cm"
@@ -243,6 +244,9 @@ func (q *QP) readyLocked(link Link, p Params) {
 	p.ORD = min(max(p.ORD, 0), 128)
 	q.params = p
 	q.link = link
+	if b, ok := link.(interface{ setBell(*atomic.Bool) }); ok {
+		b.setBell(&q.bell) // a spinning reader stops when it rings
+	}
 	q.orq = make([]orqEntry, p.ORD)
 	q.irq = make([]irqEntry, p.IRD)
 	q.tx.init(q, link)

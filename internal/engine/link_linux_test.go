@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,5 +219,159 @@ func TestSmallWritevTakesNoFreeList(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatalf("read %q, want %q", got, want)
+	}
+}
+
+// spinLink returns a link over a loopback pair and its peer, with
+// tcpYield replaced by yield for the test.
+func spinLink(t *testing.T, yield func() time.Duration) (*fdLink, net.Conn) {
+	t.Helper()
+	a, b := tcpPair(t)
+	old := tcpYield
+	tcpYield = yield
+	// The host's CPUs count as free (a loaded host would stop the spin).
+	cpus.mu.Lock()
+	at, ok := cpus.at.Load(), cpus.ok.Load()
+	cpus.at.Store(math.MaxInt64)
+	cpus.ok.Store(true)
+	cpus.mu.Unlock()
+	t.Cleanup(func() {
+		tcpYield = old
+		cpus.at.Store(at)
+		cpus.ok.Store(ok)
+	})
+	return NewLink(b).(*fdLink), a
+}
+
+// waitInq waits until l's socket holds n bytes.
+func waitInq(l *fdLink, n int) {
+	for inq := 0; inq < n; {
+		l.rc.Control(func(fd uintptr) { inq, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if inq < n {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+}
+
+// TestReadIdleSpinTakesBytes: a reader that finds its socket empty reads
+// it again as it spins, and takes bytes that come meanwhile into the
+// buffer it was given, never waiting in the netpoller (the buffer is not
+// given back); a wait that ends asleep at its deadline halves the spin,
+// and one that the spin catches doubles it, up to tcpSpin.
+func TestReadIdleSpinTakesBytes(t *testing.T) {
+	var peer net.Conn
+	var l *fdLink
+	writeAt := -1 // the yield at which the peer's byte goes
+	yields := 0
+	l, peer = spinLink(t, func() time.Duration {
+		if yields++; yields == writeAt {
+			peer.Write([]byte("x"))
+			waitInq(l, 1)
+		}
+		return 0
+	})
+	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
+	first := make([]byte, 64)
+
+	// Nothing comes: it spins, sleeps and meets its deadline.
+	b := l.Conn().SetReadDeadline
+	b(time.Now().Add(20 * time.Millisecond))
+	if _, _, err := l.ReadIdle(first, ib.give, ib.take); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("with nothing sent: %v, want the deadline", err)
+	}
+	<-ib.put
+	if yields == 0 {
+		t.Fatal("it did not spin before it waited")
+	}
+	if l.rspin != tcpSpin/2 {
+		t.Fatalf("spin after a wait that slept %v, want %v", l.rspin, tcpSpin/2)
+	}
+	b(time.Time{})
+
+	// The byte comes at the spin's third yield.
+	l.rspin = time.Hour // the spin does not run out, however the test is scheduled
+	yields, writeAt = 0, 3
+	n, buf, err := l.ReadIdle(first, ib.give, ib.take)
+	if err != nil || n != 1 || &buf[0] != &first[0] || buf[0] != 'x' {
+		t.Fatalf("byte sent while it spun: read %d into %p, %v; want 1 into the buffer given", n, buf, err)
+	}
+	select {
+	case <-ib.put:
+		t.Fatal("the buffer was given back: it waited in the netpoller")
+	default:
+	}
+	if yields != writeAt {
+		t.Fatalf("%d yields, want %d (the byte came at the %dth)", yields, writeAt, writeAt)
+	}
+	if l.rspin != tcpSpin {
+		t.Fatalf("spin after a wait it caught %v, want %v (doubled, at most tcpSpin)", l.rspin, tcpSpin)
+	}
+}
+
+// TestReadIdleSlowYieldWaits: a yield that gave the CPU away for longer
+// than tcpYieldSlow (other threads want it) ends the spin, and the
+// link's waits do not spin for tcpNoSpin.
+func TestReadIdleSlowYieldWaits(t *testing.T) {
+	yields := 0
+	l, peer := spinLink(t, func() time.Duration { yields++; return 2 * tcpYieldSlow })
+	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
+	l.rspin = time.Hour
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take)
+		done <- err
+	}()
+	<-ib.put // it waits in the netpoller
+	peer.Write([]byte("x"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if yields != 1 {
+		t.Fatalf("%d yields, want 1: a slow one ends the spin", yields)
+	}
+	if !l.noSpin.After(time.Now().Add(tcpNoSpin - time.Second)) {
+		t.Fatalf("no spinning until %v: not set", l.noSpin)
+	}
+}
+
+// TestReadIdleBellStopsSpin: the queue pair's doorbell (QP.ring: the bell,
+// then a read deadline in the past) stops a reader that spins, which
+// would otherwise spin out its whole budget before it saw the deadline.
+func TestReadIdleBellStopsSpin(t *testing.T) {
+	yields := 0
+	l, _ := spinLink(t, func() time.Duration { yields++; return 0 })
+	var bell atomic.Bool
+	l.setBell(&bell)
+	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
+	l.rspin = time.Hour
+	bell.Store(true)
+	l.Conn().SetReadDeadline(time.Unix(1, 0))
+	if _, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("rung: %v, want the deadline", err)
+	}
+	if yields != 0 {
+		t.Fatalf("%d yields after the bell rang, want none", yields)
+	}
+}
+
+// TestLoadavgRunning: the running threads of /proc/loadavg's text, and
+// text that has none.
+func TestLoadavgRunning(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		isOK bool
+	}{
+		{"0.61 0.52 0.40 3/98 30187\n", 3, true},
+		{"12.00 9.10 5.00 17/203 1\n", 17, true},
+		{"0.61 0.52 0.40 /98 30187\n", 0, false},
+		{"0.61 0.52 0.40 3", 0, false},
+		{"0.61 0.52", 0, false},
+		{"", 0, false},
+	} {
+		n, ok := loadavgRunning([]byte(c.in))
+		if n != c.n || ok != c.isOK {
+			t.Errorf("%q: %d, %v; want %d, %v", c.in, n, ok, c.n, c.isOK)
+		}
 	}
 }
