@@ -4,7 +4,6 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -38,13 +37,10 @@ type fdLink struct {
 	iget  func() []byte
 	ifunc func(uintptr) bool
 	// ReadIdle's spin before it waits (see tcpSpin): how long it spins
-	// now, until when it does not spin, its look at the goroutines
-	// waiting for a processor, when this wait began to spin, whether it
+	// (tcpSpin but in tests), when this wait began to spin, whether it
 	// found the socket empty and whether it went to the netpoller; bell
 	// is the queue pair's doorbell.
-	rspin     time.Duration
-	noSpin    time.Time
-	run       shmRunnable
+	spinFor   time.Duration
 	spinStart time.Time
 	looked    bool
 	slept     bool
@@ -85,7 +81,7 @@ func NewLink(c net.Conn) Link {
 	if err != nil {
 		return &streamLink{c: c}
 	}
-	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c), rspin: tcpSpin, run: newShmRunnable()}
+	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c), spinFor: tcpSpin}
 	l.rfunc, l.ifunc, l.wfunc, l.ofunc, l.mfunc, l.cfunc, l.tfunc = l.doRead, l.doReadIdle, l.doWrite, l.doOutq, l.doMSS, l.doCork, l.doInfo
 	_ = rc.Control(l.mfunc)
 	return l
@@ -159,9 +155,6 @@ func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte) (int,
 	b := l.ibuf
 	l.ibuf, l.iput, l.iget = nil, nil, nil
 	if err != nil {
-		if l.looked {
-			l.adapt(true) // the doorbell, or a close, found it asleep
-		}
 		return 0, b, err
 	}
 	if l.rerr == nil && l.rn == 0 {
@@ -170,33 +163,26 @@ func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte) (int,
 	return l.rn, b, l.rerr
 }
 
-// tcpSpin, tcpSpinMin, tcpYieldSlow and tcpNoSpin: a reader that finds
-// its socket empty reads it again, yielding the CPU between reads, for
-// up to its spin (at most tcpSpin, at least tcpSpinMin) before it waits
-// in the netpoller. Waiting there parks the goroutine and, with nothing
-// else to run, its thread and the CPU: on a VM the peer's next bytes
-// then wait for the CPU's wake-up (an interrupt to a halted virtual CPU)
-// and the thread's, which at times took 1-4 ms (between two processes,
-// 4 KiB ReadAt at 16 in flight had no op complete for more than 200 µs
-// 1,542 times in 3 s, a quarter of the run; runtime traces of both
-// sides showed both idle meanwhile, the requests written). A reader
-// that keeps the CPU a moment longer takes bytes that come within the
-// peer's turnaround at once (with a fixed 100 µs spin at load 1-3:
-// 4 KiB ReadAt at 16 in flight 117-153 k ops/s against 72-96 k, p50
-// 44-45 µs against 148-156, and less CPU per op, 13-14 µs against
-// 15-17, as fewer waits sleep). The spin doubles after a wait it caught
-// and halves after one that found nothing within tcpSpin, asleep (the
-// peer is slow: it then waits at once, as before); a wait whose bytes
-// came soon after the spin ended does not shorten it. It spins only
-// while the host has a CPU to spare (see cpus), and a yield that gives
-// the CPU away for longer than tcpYieldSlow (other threads want it) ends
-// the spin and keeps the link's waits from spinning for tcpNoSpin.
-const (
-	tcpSpin      = 100 * time.Microsecond
-	tcpSpinMin   = 2 * time.Microsecond
-	tcpYieldSlow = 30 * time.Microsecond
-	tcpNoSpin    = 10 * time.Millisecond
-)
+// tcpSpin: a reader that finds its socket empty reads it again,
+// yielding its processor to the process's other goroutines between
+// reads, for up to tcpSpin before it waits in the netpoller, while the
+// host has CPUs to spare (see cpus). Waiting there parks the goroutine
+// and, with nothing else to run, its thread and the CPU: on a VM the
+// peer's next bytes then wait for the CPU's wake-up (an interrupt to a
+// halted virtual CPU) and the thread's, which at times took 1-4 ms
+// (between two processes, 4 KiB ReadAt at 16 in flight had no op
+// complete for more than 200 µs 1,542 times in 3 s, a quarter of the
+// run; runtime traces of both sides showed both idle meanwhile, the
+// requests written). A reader that keeps its CPU a moment longer takes
+// bytes that come within the peer's turnaround at once, and a CPU kept
+// busy wakes at once for the peer's thread. Spinning only while bytes
+// came soon (halving the spin after each wait that slept, doubling it
+// after each it caught, as the shared-memory link does) or yielding to
+// the host's threads with sched_yield lost all of it: the waits between
+// a ReadAt client's batches often outlast a spin, so it shrank to
+// nothing, and a yield often handed the CPU to the peer's process for
+// longer than a yield should take.
+const tcpSpin = 100 * time.Microsecond
 
 func (l *fdLink) doReadIdle(fd uintptr) bool {
 	if l.ibuf == nil {
@@ -225,42 +211,34 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 	default:
 		l.rn, l.rerr = 0, e
 	}
-	if l.looked {
-		l.adapt(l.slept && time.Since(l.spinStart) > tcpSpin)
-	}
 	return true
 }
 
 // spin is a step of a spinning wait: it reports whether the wait goes on
-// spinning (false once it has spun l.rspin, or the CPU is wanted
-// elsewhere: see tcpYieldSlow), having yielded the CPU to the host's
-// other threads and, when goroutines of this process wait for a
-// processor, to them.
+// spinning (false once it has spun l.spinFor, or the host's CPUs are
+// wanted: see cpus), having let the process's other goroutines run.
 func (l *fdLink) spin() bool {
 	now := time.Now()
-	if now.Sub(l.spinStart) >= l.rspin || now.Before(l.noSpin) || !cpus.free(now) {
+	if now.Sub(l.spinStart) >= l.spinFor || !cpus.free(now) {
 		return false
 	}
-	if d := tcpYield(); d > tcpYieldSlow {
-		l.noSpin = now.Add(d + tcpNoSpin)
-		return false
-	}
-	metrics.Read(l.run[:])
-	if l.run[0].Value.Uint64() > 0 {
-		runtime.Gosched()
-	}
+	tcpYield()
 	return true
 }
 
+// tcpYield is runtime.Gosched; tests replace it.
+var tcpYield = runtime.Gosched
+
 // cpus says whether the host has CPUs to spare: a spinning reader keeps
 // a CPU that, where every CPU is wanted, the host's other threads (the
-// peer's among them, waiting behind them) would have. Where threads wait
-// for a CPU, a sleeper's wake-up gets one ahead of them. With the 4 KiB
-// ReadAt at 16 in flight at load 8-9 on 2 cores, readers that spun
-// whatever the host's load (only tcpYieldSlow stopping them) made 90 k
-// ops/s at 13.1 µs of CPU per op, against 116 k at 10.3 for readers that
-// slept at once (medians of 5 alternated runs); gated so, 91 k at 11.9
-// against 74 k at 12.3 (4 runs, load 6-7).
+// peer's among them, waiting behind them) would have, and a sleeper's
+// wake-up gets one ahead of them. With 4 KiB ReadAt at 16 and 4 in
+// flight at load 5-6 on 2 cores, readers that spun whatever the load
+// made 0.94 and 0.46 x memcached's rate (medians of 3 runs), against
+// 1.5-1.7 and 1.0-1.6 in the same runs for readers that spun less
+// (adaptively, or yielding with sched_yield). The threads running count
+// this process's own (a spinning reader, the Go runtime's spinning
+// threads) and the peer's, hence twice the CPUs.
 var cpus hostCPUs
 
 // hostCPUs reads the host's running threads (/proc/loadavg's fourth
@@ -279,7 +257,7 @@ type hostCPUs struct {
 const cpusEvery = 10 * time.Millisecond
 
 // free reports whether the threads running, the caller's included, are
-// no more than the host's CPUs, as last read.
+// no more than twice the host's CPUs, as last read.
 func (h *hostCPUs) free(now time.Time) bool {
 	t := now.UnixNano()
 	if t-h.at.Load() < int64(cpusEvery) || !h.mu.TryLock() {
@@ -304,7 +282,7 @@ func (h *hostCPUs) free(now time.Time) bool {
 	if err == nil {
 		run, ok = loadavgRunning(h.buf[:k])
 	}
-	h.ok.Store(!ok || run <= h.n)
+	h.ok.Store(!ok || run <= 2*h.n)
 	return h.ok.Load()
 }
 
@@ -331,29 +309,12 @@ func loadavgRunning(b []byte) (int, bool) {
 	return 0, false
 }
 
-// tcpYield is sched_yield(2), and returns how long it took; tests
-// replace it.
-var tcpYield = func() time.Duration {
-	t := time.Now()
-	unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-	return time.Since(t)
-}
-
 // rung reports whether the queue pair's doorbell rang (QP.ring): a
 // spinning reader stops at once rather than at its read deadline.
 func (l *fdLink) rung() bool { return l.bell != nil && l.bell.Load() }
 
 // setBell gives the link the queue pair's doorbell.
 func (l *fdLink) setBell(b *atomic.Bool) { l.bell = b }
-
-// adapt sets how long the next wait spins after one that slept or not.
-func (l *fdLink) adapt(slept bool) {
-	if slept {
-		l.rspin = max(l.rspin/2, tcpSpinMin)
-	} else {
-		l.rspin = min(l.rspin*2, tcpSpin)
-	}
-}
 
 // mmsghdr is struct mmsghdr, for sendmmsg(2). Go pads it as C does: to
 // 64 bytes on 64-bit Linux, 32 on 32-bit.
