@@ -726,7 +726,7 @@ func (c *Client) dial(ctx context.Context) (*cliConn, error) {
 		return failed(fmt.Errorf("cache: dial: %w", err))
 	}
 	h := hello{Version: Version, Slots: uint16(n), MaxMsg: uint32(msg)}
-	if err := qp.Connect(ctx, c.addr, gowarp.ConnectOptions{PrivateData: h.append(nil), IRD: 1, ORD: 128}); err != nil {
+	if err := qp.Connect(ctx, c.addr, gowarp.ConnectOptions{PrivateData: h.append(nil), IRD: 1, ORD: 128, BusyPoll: gowarp.DefaultBusyPoll}); err != nil {
 		return failed(fmt.Errorf("cache: dial %s: %w", c.addr, err))
 	}
 	sh, err := parseHello(qp.PeerPrivateData())

@@ -389,7 +389,7 @@ func (s *Server) accept(ctx context.Context, req *gowarp.ConnRequest) error {
 	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := req.Accept(actx, c.qp, gowarp.ConnectOptions{PrivateData: reply.append(nil), IRD: 128, ORD: 1}); err != nil {
+	if err := req.Accept(actx, c.qp, gowarp.ConnectOptions{PrivateData: reply.append(nil), IRD: 128, ORD: 1, BusyPoll: gowarp.DefaultBusyPoll}); err != nil {
 		c.release()
 		return err
 	}

@@ -81,7 +81,7 @@ func NewLink(c net.Conn) Link {
 	if err != nil {
 		return &streamLink{c: c}
 	}
-	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c), spinFor: tcpSpin}
+	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c)}
 	l.rfunc, l.ifunc, l.wfunc, l.ofunc, l.mfunc, l.cfunc, l.tfunc = l.doRead, l.doReadIdle, l.doWrite, l.doOutq, l.doMSS, l.doCork, l.doInfo
 	_ = rc.Control(l.mfunc)
 	return l
@@ -163,10 +163,11 @@ func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte) (int,
 	return l.rn, b, l.rerr
 }
 
-// tcpSpin: a reader that finds its socket empty reads it again,
-// yielding its processor to the process's other goroutines between
-// reads, for up to tcpSpin before it waits in the netpoller, while the
-// host has CPUs to spare (see cpus). Waiting there parks the goroutine
+// Busy polling (ConnectOptions.BusyPoll, 0 by default: off): a reader
+// that finds its socket empty reads it again, yielding its processor to
+// the process's other goroutines between reads, for up to the busy poll
+// (DefaultBusyPoll is what the cache asks for) before it waits in the
+// netpoller, while the host has CPUs to spare (see cpus). Waiting there parks the goroutine
 // and, with nothing else to run, its thread and the CPU: on a VM the
 // peer's next bytes then wait for the CPU's wake-up (an interrupt to a
 // halted virtual CPU) and the thread's, which at times took 1-4 ms
@@ -182,14 +183,19 @@ func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte) (int,
 // a ReadAt client's batches often outlast a spin, so it shrank to
 // nothing, and a yield often handed the CPU to the peer's process for
 // longer than a yield should take.
-const tcpSpin = 100 * time.Microsecond
+
+// setBusyPoll makes the link's idle reads spin for up to d, stopping
+// early when bell (the queue pair's doorbell) rings.
+func (l *fdLink) setBusyPoll(d time.Duration, bell *atomic.Bool) {
+	l.spinFor, l.bell = d, bell
+}
 
 func (l *fdLink) doReadIdle(fd uintptr) bool {
 	if l.ibuf == nil {
 		l.ibuf = l.iget()
 	}
 	n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&l.ibuf[0])), uintptr(len(l.ibuf)))
-	if e == unix.EAGAIN && !l.slept {
+	if e == unix.EAGAIN && !l.slept && l.spinFor > 0 {
 		if !l.looked {
 			l.looked, l.spinStart = true, time.Now()
 		}
@@ -314,7 +320,6 @@ func loadavgRunning(b []byte) (int, bool) {
 func (l *fdLink) rung() bool { return l.bell != nil && l.bell.Load() }
 
 // setBell gives the link the queue pair's doorbell.
-func (l *fdLink) setBell(b *atomic.Bool) { l.bell = b }
 
 // mmsghdr is struct mmsghdr, for sendmmsg(2). Go pads it as C does: to
 // 64 bytes on 64-bit Linux, 32 on 32-bit.

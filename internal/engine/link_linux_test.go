@@ -240,7 +240,9 @@ func spinLink(t *testing.T, yield func(), free bool) (*fdLink, net.Conn) {
 		cpus.at.Store(at)
 		cpus.ok.Store(ok)
 	})
-	return NewLink(b).(*fdLink), a
+	l := NewLink(b).(*fdLink)
+	l.setBusyPoll(DefaultBusyPoll, nil)
+	return l, a
 }
 
 // waitInq waits until l's socket holds n bytes.
@@ -296,6 +298,28 @@ func TestReadIdleSpinTakesBytes(t *testing.T) {
 	}
 }
 
+// TestReadIdleNoBusyPollUnlessAsked: a link whose queue pair did not ask
+// for busy polling waits in the netpoller at once, however free the host.
+func TestReadIdleNoBusyPollUnlessAsked(t *testing.T) {
+	yields := 0
+	l, peer := spinLink(t, func() { yields++ }, true)
+	l.setBusyPoll(0, nil)
+	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take)
+		done <- err
+	}()
+	<-ib.put // it waits in the netpoller
+	peer.Write([]byte("x"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if yields != 0 {
+		t.Fatalf("%d yields with no busy poll asked for, want none", yields)
+	}
+}
+
 // TestReadIdleNoSpinOnBusyHost: where the host's CPUs are all wanted, a
 // reader that finds its socket empty waits in the netpoller at once.
 func TestReadIdleNoSpinOnBusyHost(t *testing.T) {
@@ -325,9 +349,8 @@ func TestReadIdleBellStopsSpin(t *testing.T) {
 	yields := 0
 	l, _ := spinLink(t, func() { yields++ }, true)
 	var bell atomic.Bool
-	l.setBell(&bell)
+	l.setBusyPoll(time.Hour, &bell)
 	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
-	l.spinFor = time.Hour
 	bell.Store(true)
 	l.Conn().SetReadDeadline(time.Unix(1, 0))
 	if _, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take); !errors.Is(err, os.ErrDeadlineExceeded) {

@@ -126,6 +126,9 @@ type Params struct {
 	// sent nothing yet with zero-length Writes, after each Nudge of quiet
 	// (see ConnectOptions.NoNudge).
 	Nudge time.Duration
+	// BusyPoll is how long a read that finds the socket empty reads it
+	// again before it waits (see ConnectOptions.BusyPoll); 0: not at all.
+	BusyPoll time.Duration
 }
 
 type sqEntry struct {
