@@ -60,23 +60,5 @@ func TestConnectRefusesBadOptionsBeforeDialing(t *testing.T) {
 		t.Errorf("%d connections reached the server", n)
 	}
 	// The queue pair connects with good options.
-	gln, err := p.dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gln.Close()
-	errc := make(chan error, 1)
-	go func() {
-		req, err := gln.Accept(ctx)
-		if err == nil {
-			err = req.Accept(ctx, p.b, gowarp.ConnectOptions{})
-		}
-		errc <- err
-	}()
-	if err := p.a.Connect(ctx, gln.Addr().String(), gowarp.ConnectOptions{PrivateData: []byte("hello")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	p.connect(t, gowarp.ConnectOptions{PrivateData: []byte("hello")}, gowarp.ConnectOptions{})
 }

@@ -45,40 +45,8 @@ func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {
 // inA and the connection dialled inside inB (nil: the current namespace).
 func newPairOn(t testing.TB, o gowarp.ConnectOptions, listenAddr string, inA, inB func(func() error) error) *pair {
 	t.Helper()
-	if inA == nil {
-		inA = func(f func() error) error { return f() }
-	}
-	if inB == nil {
-		inB = inA
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	p := newIdlePair(t, 1024)
-	var err error
-	var ln *gowarp.Listener
-	err = inA(func() (err error) {
-		ln, err = p.dev.Listen(listenAddr)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	errc := make(chan error, 1)
-	go func() {
-		req, err := ln.Accept(ctx)
-		if err != nil {
-			errc <- err
-			return
-		}
-		errc <- req.Accept(ctx, p.b, o)
-	}()
-	if err := inB(func() error { return p.a.Connect(ctx, ln.Addr().String(), o) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	p.connectOn(t, o, o, listenAddr, inA, inB)
 	t.Cleanup(func() { p.a.Close(); p.b.Close() })
 	return p
 }
@@ -111,33 +79,13 @@ func wait(t testing.TB, cq *gowarp.CQ) gowarp.Completion {
 // newPairOpts connects two QPs with different options on each side.
 func newPairOpts(t testing.TB, client, server gowarp.ConnectOptions) *pair {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	p := &pair{dev: gowarp.Open()}
 	p.pd = p.dev.AllocPD()
 	p.acq, p.bcq = p.dev.NewCQ(64), p.dev.NewCQ(64)
 	p.a, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq})
 	p.b, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq})
 	t.Cleanup(func() { p.a.Close(); p.b.Close() })
-	ln, err := p.dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	errc := make(chan error, 1)
-	go func() {
-		req, err := ln.Accept(ctx)
-		if err == nil {
-			err = req.Accept(ctx, p.b, server)
-		}
-		errc <- err
-	}()
-	if err := p.a.Connect(ctx, ln.Addr().String(), client); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	p.connect(t, client, server)
 	return p
 }
 
@@ -202,5 +150,49 @@ func waitState(t testing.TB, qp *gowarp.QP, want gowarp.State) {
 			t.Fatalf("QP state %v, want %v", qp.State(), want)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// connect connects the pair's idle QPs over loopback: a with client's
+// options, b accepting with server's.
+func (p *pair) connect(t testing.TB, client, server gowarp.ConnectOptions) {
+	t.Helper()
+	p.connectOn(t, client, server, "127.0.0.1:0", nil, nil)
+}
+
+// connectOn is connect with the listener made on listenAddr inside inA
+// and the connection dialled inside inB (nil: the current namespace).
+func (p *pair) connectOn(t testing.TB, client, server gowarp.ConnectOptions, listenAddr string, inA, inB func(func() error) error) {
+	t.Helper()
+	if inA == nil {
+		inA = func(f func() error) error { return f() }
+	}
+	if inB == nil {
+		inB = inA
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ln *gowarp.Listener
+	err := inA(func() (err error) {
+		ln, err = p.dev.Listen(listenAddr)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	errc := make(chan error, 1)
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err == nil {
+			err = req.Accept(ctx, p.b, server)
+		}
+		errc <- err
+	}()
+	if err := inB(func() error { return p.a.Connect(ctx, ln.Addr().String(), client) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
 	}
 }

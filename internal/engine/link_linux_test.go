@@ -298,47 +298,34 @@ func TestReadIdleSpinTakesBytes(t *testing.T) {
 	}
 }
 
-// TestReadIdleNoBusyPollUnlessAsked: a link whose queue pair did not ask
-// for busy polling waits in the netpoller at once, however free the host.
-func TestReadIdleNoBusyPollUnlessAsked(t *testing.T) {
-	yields := 0
-	l, peer := spinLink(t, func() { yields++ }, true)
-	l.setBusyPoll(0, nil)
-	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take)
-		done <- err
-	}()
-	<-ib.put // it waits in the netpoller
-	peer.Write([]byte("x"))
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if yields != 0 {
-		t.Fatalf("%d yields with no busy poll asked for, want none", yields)
-	}
-}
-
-// TestReadIdleNoSpinOnBusyHost: where the host's CPUs are all wanted, a
-// reader that finds its socket empty waits in the netpoller at once.
-func TestReadIdleNoSpinOnBusyHost(t *testing.T) {
-	yields := 0
-	l, peer := spinLink(t, func() { yields++ }, false)
-	l.spinFor = time.Hour
-	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take)
-		done <- err
-	}()
-	<-ib.put // it waits in the netpoller
-	peer.Write([]byte("x"))
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if yields != 0 {
-		t.Fatalf("%d yields on a busy host, want none", yields)
+// TestReadIdleNoSpin: a reader that finds its socket empty waits in the
+// netpoller at once where its queue pair did not ask for busy polling,
+// however free the host, and where the host's CPUs are all wanted.
+func TestReadIdleNoSpin(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		poll time.Duration
+		free bool
+	}{{"not asked for", 0, true}, {"busy host", time.Hour, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			yields := 0
+			l, peer := spinLink(t, func() { yields++ }, c.free)
+			l.setBusyPoll(c.poll, nil)
+			ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
+			done := make(chan error, 1)
+			go func() {
+				_, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take)
+				done <- err
+			}()
+			<-ib.put // it waits in the netpoller
+			peer.Write([]byte("x"))
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if yields != 0 {
+				t.Fatalf("%d yields, want none", yields)
+			}
+		})
 	}
 }
 
