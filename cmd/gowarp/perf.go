@@ -100,6 +100,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 		return nil
 	})
 	fs.BoolVar(&c.conn.SharedMemory, "shm", false, "offer a same-host shared-memory link (the server takes it whenever offered; the JSON's\ntransport says which link each run got); tcp_bw and tcp_lat stay plain TCP")
+	fs.DurationVar(&c.conn.BusyPoll, "busy-poll", 0, "how long a receive that finds its TCP socket empty reads it again before it sleeps\n(ConnectOptions.BusyPoll; gowarp.DefaultBusyPoll is 100µs): lower latency, more CPU; 0 is off")
 	fs.Var((*sizeFlag)(&c.conn.SharedMemoryRing), "shm-ring", "with -shm, the `bytes` of each direction's ring (K and M suffixes allowed; a power of two\nfrom 64K to 64M; default 1M)")
 	fs.IntVar(&c.conn.MaxFPDU, "fpdu", 0, "size of full FPDUs on the wire in `bytes` (0: the TCP segment)")
 	c.conn.Poll = defaultPoll
@@ -163,6 +164,8 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail("-depth %d out of range [1, %d]", c.depth, perf.MaxDepth)
 	case c.conn.MPARevision != 1 && c.conn.MPARevision != 2:
 		return fail("-mpa-rev %d: want 1 or 2", c.conn.MPARevision)
+	case c.conn.BusyPoll < 0:
+		return fail("-busy-poll %v: want 0 (off) or more", c.conn.BusyPoll)
 	case c.iters < 0 || (c.iters == 0 && c.duration <= 0):
 		return fail("need a positive -duration or -iters")
 	case c.plot != "" && c.server != "":
@@ -216,9 +219,9 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		plotWhere = where
 	}
 	if !c.json {
-		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s, shm %s\n",
+		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s, shm %s, busy poll %v\n",
 			where, c.conn.MPARevision, onOff(c.conn.CRC), c.conn.Completion, c.conn.AsyncOnly,
-			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll), onOff(c.conn.SharedMemory))
+			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll), onOff(c.conn.SharedMemory), c.conn.BusyPoll)
 		if c.qps > 1 {
 			fmt.Fprintf(stdout, "# %d connections at once in write_bw, read_bw and send_bw (-qps); figures are their aggregate\n", c.qps)
 		}

@@ -111,7 +111,8 @@ func TestPerfJSONShape(t *testing.T) {
 // TestPerfQPs: -qps runs the bandwidth tests on several connections at
 // once and reports their aggregate; the latency tests run on one.
 func TestPerfQPs(t *testing.T) {
-	code, out, errs := runCmd(t, context.Background(), "perf", "-json", "-iters", "40", "-test", "write_bw,read_bw,write_lat", "-size", "4K", "-depth", "8", "-qps", "16")
+	// With busy polling too: the connections ask for it and still run.
+	code, out, errs := runCmd(t, context.Background(), "perf", "-json", "-iters", "40", "-test", "write_bw,read_bw,write_lat", "-size", "4K", "-depth", "8", "-qps", "16", "-busy-poll", "100us")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -179,6 +180,7 @@ func TestPerfBadUsage(t *testing.T) {
 		{[]string{"perf", "-sweep", "-size", "8"}, 2, "exclude each other"},
 		{[]string{"perf", "-depth", "0"}, 2, "-depth 0"},
 		{[]string{"perf", "-qps", "0"}, 2, "-qps 0"},
+		{[]string{"perf", "-busy-poll", "-1us"}, 2, "-busy-poll -1µs"},
 		{[]string{"perf", "extra"}, 2, "unexpected arguments"},
 		{[]string{"perf", "-help"}, 0, "port after ADDR"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},

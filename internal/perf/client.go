@@ -129,7 +129,7 @@ func (c *Client) connect(ctx context.Context, t Test, o *Options) (*clientRun, e
 	}
 	err = r.qp.Connect(ctx, c.Addr, gowarp.ConnectOptions{PrivateData: req.append(nil), CRC: o.CRC,
 		MPARevision: o.MPARevision, IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: o.MaxFPDU,
-		SharedMemory: o.SharedMemory, SharedMemoryRing: o.SharedMemoryRing})
+		SharedMemory: o.SharedMemory, SharedMemoryRing: o.SharedMemoryRing, BusyPoll: o.BusyPoll})
 	if err != nil {
 		r.close()
 		if rej, ok := errors.AsType[*gowarp.RejectedError](err); ok {

@@ -48,6 +48,9 @@ type ConnOptions struct {
 	SharedMemory bool
 	// SharedMemoryRing is the ring size offered (0: the default).
 	SharedMemoryRing int
+	// BusyPoll is each side's ConnectOptions.BusyPoll: its own choice,
+	// the server's for the connections it accepts.
+	BusyPoll time.Duration
 }
 
 // Options are the parameters of one run of the client.

@@ -249,7 +249,7 @@ func (ss *serverSession) connectOptions(c ConnOptions) gowarp.ConnectOptions {
 		recvDepth: uint32(ss.recvs), creditBatch: uint32(ss.batch)}
 	// A shared-memory link is the client's choice, taken whenever offered.
 	return gowarp.ConnectOptions{PrivateData: rep.append(nil), CRC: c.CRC,
-		IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: ss.maxFPDU, SharedMemory: true}
+		IRD: maxIRDORD, ORD: maxIRDORD, MaxFPDU: ss.maxFPDU, SharedMemory: true, BusyPoll: c.BusyPoll}
 }
 
 // close tears the session down: the queue pair first, so that no work is
