@@ -36,13 +36,12 @@ type fdLink struct {
 	iput  func([]byte)
 	iget  func() []byte
 	ifunc func(uintptr) bool
-	// ReadIdle's spin before it waits (see tcpSpin): how long it spins
-	// (tcpSpin but in tests), when this wait began to spin, whether it
-	// found the socket empty and whether it went to the netpoller; bell
-	// is the queue pair's doorbell.
+	// ReadIdle's busy poll (see setBusyPoll): how long it spins (0: not
+	// at all), when this wait began to spin (zero: it has not found the
+	// socket empty yet) and whether it went to the netpoller; bell is the
+	// queue pair's doorbell.
 	spinFor   time.Duration
 	spinStart time.Time
-	looked    bool
 	slept     bool
 	bell      *atomic.Bool
 
@@ -144,12 +143,12 @@ func (l *fdLink) Readv(bufs [][]byte) (int, error) {
 }
 
 // ReadIdle reads into buf; when the socket has nothing, it reads again
-// for a while (see tcpSpin), then gives buf back before it waits in the
+// for a while if asked to (see setBusyPoll), then gives buf back before it waits in the
 // netpoller, and takes a buffer again when woken to read.
 func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte) (int, []byte, error) {
 	l.ibuf, l.iput, l.iget = buf, put, get
 	l.rn, l.rerr = 0, nil
-	l.spinStart, l.looked, l.slept = time.Time{}, false, false
+	l.spinStart, l.slept = time.Time{}, false
 	err := l.rc.Read(l.ifunc)
 	linkAcquire(l.race)
 	b := l.ibuf
@@ -183,8 +182,8 @@ func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte) (int,
 // a ReadAt client's batches often outlast a spin, so it shrank to
 // nothing, and a yield often handed the CPU to the peer's process for
 // longer than a yield should take.
-
-// setBusyPoll makes the link's idle reads spin for up to d, stopping
+//
+// setBusyPoll makes the link's idle reads spin so for up to d, stopping
 // early when bell (the queue pair's doorbell) rings.
 func (l *fdLink) setBusyPoll(d time.Duration, bell *atomic.Bool) {
 	l.spinFor, l.bell = d, bell
@@ -196,8 +195,8 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 	}
 	n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&l.ibuf[0])), uintptr(len(l.ibuf)))
 	if e == unix.EAGAIN && !l.slept && l.spinFor > 0 {
-		if !l.looked {
-			l.looked, l.spinStart = true, time.Now()
+		if l.spinStart.IsZero() {
+			l.spinStart = time.Now()
 		}
 		for e == unix.EAGAIN && !l.rung() && l.spin() {
 			n, _, e = unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&l.ibuf[0])), uintptr(len(l.ibuf)))
@@ -318,8 +317,6 @@ func loadavgRunning(b []byte) (int, bool) {
 // rung reports whether the queue pair's doorbell rang (QP.ring): a
 // spinning reader stops at once rather than at its read deadline.
 func (l *fdLink) rung() bool { return l.bell != nil && l.bell.Load() }
-
-// setBell gives the link the queue pair's doorbell.
 
 // mmsghdr is struct mmsghdr, for sendmmsg(2). Go pads it as C does: to
 // 64 bytes on 64-bit Linux, 32 on 32-bit.
