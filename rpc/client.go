@@ -170,6 +170,10 @@ func (c *Client) Do(ctx context.Context, cl *Call) error {
 	if n := callLen(cl.Method, len(cl.Refs), len(cl.Arg)); n > c.maxMsg {
 		return fmt.Errorf("%w: call of %d bytes, messages hold %d", ErrTooLarge, n, c.maxMsg)
 	}
+	// A done context sends nothing, even with a slot free.
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("rpc: %s: %w", cl.Method, err)
+	}
 	var timeout uint32
 	if d, ok := ctx.Deadline(); ok {
 		left := time.Until(d)
