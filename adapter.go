@@ -285,6 +285,9 @@ func (qp *QP) ConnectVia(ctx context.Context, a *Adapter, addr string, o Connect
 		qp.Close()
 		return fmt.Errorf("%w: ConnectVia needs an adapter and an ip:port (%q)", ErrBadConfig, addr)
 	}
+	if err := ctx.Err(); err != nil {
+		return err // nothing tried: the queue pair stays idle, as Connect's
+	}
 	return qp.connectVia(ctx, a, ap, o)
 }
 

@@ -212,13 +212,18 @@ const NoReads = -1
 // under way makes it fail with ErrClosed. When the device's topology has
 // a direct link to addr's IP, the queue pair is placed on that adapter
 // and dials from it (see Device.Place and QP.Adapter). Options no peer
-// could accept (ErrPrivateDataLong, ErrMPARevision, a bad tenant name)
-// fail before the dial and leave the queue pair idle.
+// could accept (ErrPrivateDataLong, ErrMPARevision, a bad tenant name),
+// and a ctx already done, fail before the dial and leave the queue pair
+// idle.
 func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 	// Options no peer could accept fail before the dial, and leave the
 	// queue pair idle for a Connect with others.
 	if err := engine.CheckConnect((*engine.ConnectOptions)(&o)); err != nil {
 		return connErr(err)
+	}
+	// So does a context already done: nothing was tried.
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if from := qp.table().id.addr; from.IsValid() {
 		// Bound to a local address: the connection leaves from it.
@@ -250,6 +255,12 @@ func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) err
 		return fmt.Errorf("%w: ConnectConn with no connection", ErrBadConfig)
 	}
 	if err := qp.checkLocal(c); err != nil {
+		c.Close()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		// Nothing was tried: c is closed (the queue pair owned it), the
+		// queue pair stays idle.
 		c.Close()
 		return err
 	}
@@ -352,8 +363,15 @@ func (r *ConnRequest) OffersSharedMemory() bool { return r.r.OffersShm() }
 func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }
 
 // Accept accepts the request on qp, an idle queue pair, sending the reply.
+// With ctx already done it sends nothing: it closes the request's
+// connection (the peer's Connect fails), leaves qp idle and returns ctx's
+// error.
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
 	if err := r.checkTable(qp); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		r.r.Conn().Close()
 		return err
 	}
 	a := qp.acceptedOn(r.r.Conn().LocalAddr()) // adapter.go
