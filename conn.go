@@ -221,7 +221,9 @@ func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error 
 	if err := engine.CheckConnect((*engine.ConnectOptions)(&o)); err != nil {
 		return connErr(err)
 	}
-	// So does a context already done: nothing was tried.
+	// So does a context already done (the engine's connecting says so
+	// too, but the paths that dial from an address or adapter dial
+	// first, and a failed dial closes the queue pair).
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -239,7 +241,8 @@ func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error 
 // has opened to a listening peer (a TCP connection from a dialer of its
 // own, a *tls.Conn, any stream): MPA, then the QP is ready, as Connect
 // after its dial. The queue pair owns c from the call on: it closes c when
-// it closes, and at once if the MPA exchange fails. A peer that does not
+// it closes, and at once if the MPA exchange fails or ctx is already done
+// (the queue pair then stays idle). A peer that does not
 // speak MPA fails it with ErrMPAProtocol; one that says nothing, when ctx
 // ends (or after 10 s if ctx has no deadline). Over a stream other than
 // TCP, Acked completes as Handed, FPDUs are not aligned to segments, and
@@ -255,12 +258,6 @@ func (qp *QP) ConnectConn(ctx context.Context, c net.Conn, o ConnectOptions) err
 		return fmt.Errorf("%w: ConnectConn with no connection", ErrBadConfig)
 	}
 	if err := qp.checkLocal(c); err != nil {
-		c.Close()
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		// Nothing was tried: c is closed (the queue pair owned it), the
-		// queue pair stays idle.
 		c.Close()
 		return err
 	}
@@ -368,10 +365,6 @@ func (r *ConnRequest) RemoteAddr() net.Addr { return r.r.Conn().RemoteAddr() }
 // error.
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, o ConnectOptions) error {
 	if err := r.checkTable(qp); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		r.r.Conn().Close()
 		return err
 	}
 	a := qp.acceptedOn(r.r.Conn().LocalAddr()) // adapter.go

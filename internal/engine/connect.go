@@ -119,12 +119,17 @@ func (q *QP) initiate(ctx context.Context, c net.Conn, o *ConnectOptions, peer s
 // queue pair, sending the MPA reply. A Close while it is under way makes
 // it fail with ErrClosed and closes the request's connection. On a queue
 // pair that is not idle it fails at once and leaves the connection open:
-// the request may still be answered.
+// the request may still be answered. With ctx already done it sends
+// nothing, closes the connection and leaves the queue pair idle.
 func (q *QP) Accept(ctx context.Context, req *cm.Request, o ConnectOptions) error {
-	ctx, cancel, err := q.connecting(ctx, "Accept")
+	cctx, cancel, err := q.connecting(ctx, "Accept")
 	if err != nil {
+		if err == ctx.Err() {
+			req.Conn().Close() // given up before the reply: the peer's Connect fails
+		}
 		return err
 	}
+	ctx = cctx
 	defer cancel()
 	c := req.Conn()
 	r, err := req.Accept(ctx, o.cm())
@@ -171,6 +176,9 @@ func (q *QP) connecting(ctx context.Context, call string) (context.Context, cont
 			return nil, nil, fmt.Errorf("%w: %s on a queue pair in state %s: %w", ErrBadState, call, s, q.err)
 		}
 		return nil, nil, fmt.Errorf("%w: %s on a queue pair in state %s", ErrBadState, call, s)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err // nothing tried: the queue pair stays idle
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	q.abort = cancel
