@@ -131,6 +131,12 @@ func (c *migClient) op(ctx context.Context, r, off int, v uint64) error {
 	for {
 		n := c.cq.Poll(wc[:])
 		for _, w := range wc[:n] {
+			if w.QP != c.qp {
+				// An earlier queue pair's, left in the CQ they share when
+				// an error ended op before its Read completed: that Read
+				// may have succeeded, into the buffer this op cleared.
+				continue
+			}
 			if w.Err() != nil {
 				return w.Err()
 			}
