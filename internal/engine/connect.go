@@ -261,9 +261,11 @@ func (q *QP) readyLocked(link Link, p Params) {
 	q.params = p
 	q.link = link
 	if b, ok := link.(interface {
-		setBusyPoll(time.Duration, *atomic.Bool)
+		setBusyPoll(time.Duration, *atomic.Bool, *atomic.Int32)
 	}); ok && p.BusyPoll > 0 {
-		b.setBusyPoll(p.BusyPoll, &q.bell) // a spinning reader stops when it rings
+		// A spinning reader stops when the doorbell rings, and does not
+		// spin while a large Read's response streams in.
+		b.setBusyPoll(p.BusyPoll, &q.bell, &q.largeReads)
 	}
 	q.orq = make([]orqEntry, p.ORD)
 	q.irq = make([]irqEntry, p.IRD)

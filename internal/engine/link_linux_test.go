@@ -241,7 +241,7 @@ func spinLink(t *testing.T, yield func(), free bool) (*fdLink, net.Conn) {
 		cpus.ok.Store(ok)
 	})
 	l := NewLink(b).(*fdLink)
-	l.setBusyPoll(DefaultBusyPoll, nil)
+	l.setBusyPoll(DefaultBusyPoll, nil, nil)
 	return l, a
 }
 
@@ -300,17 +300,21 @@ func TestReadIdleSpinTakesBytes(t *testing.T) {
 
 // TestReadIdleNoSpin: a reader that finds its socket empty waits in the
 // netpoller at once where its queue pair did not ask for busy polling,
-// however free the host, and where the host's CPUs are all wanted.
+// however free the host, where the host's CPUs are all wanted, and while
+// a large Read is outstanding.
 func TestReadIdleNoSpin(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		poll time.Duration
-		free bool
-	}{{"not asked for", 0, true}, {"busy host", time.Hour, false}} {
+		name  string
+		poll  time.Duration
+		free  bool
+		large int32
+	}{{"not asked for", 0, true, 0}, {"busy host", time.Hour, false, 0}, {"large read outstanding", time.Hour, true, 1}} {
 		t.Run(c.name, func(t *testing.T) {
 			yields := 0
 			l, peer := spinLink(t, func() { yields++ }, c.free)
-			l.setBusyPoll(c.poll, nil)
+			var large atomic.Int32
+			large.Store(c.large)
+			l.setBusyPoll(c.poll, nil, &large)
 			ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
 			done := make(chan error, 1)
 			go func() {
@@ -336,7 +340,7 @@ func TestReadIdleBellStopsSpin(t *testing.T) {
 	yields := 0
 	l, _ := spinLink(t, func() { yields++ }, true)
 	var bell atomic.Bool
-	l.setBusyPoll(time.Hour, &bell)
+	l.setBusyPoll(time.Hour, &bell, nil)
 	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
 	bell.Store(true)
 	l.Conn().SetReadDeadline(time.Unix(1, 0))

@@ -165,6 +165,7 @@ type orqEntry struct {
 	sinkTO   uint64
 	placed   int
 	atomic   bool // an Atomic Request, answered by an Atomic Response
+	large    bool // counted in QP.largeReads
 }
 
 // irqEntry is one inbound Read Request waiting to be answered.
@@ -202,6 +203,11 @@ type QP struct {
 
 	orq              []orqEntry
 	orqHead, orqTail uint64
+	// largeReads counts the Reads of at least quietRead bytes under way:
+	// outbound ones until their response has all come, inbound ones until
+	// their response is framed. While there are any the link does not
+	// busy-poll (see fdLink.doReadIdle).
+	largeReads atomic.Int32
 
 	irq              []irqEntry
 	irqHead, irqTail uint64

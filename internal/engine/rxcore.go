@@ -714,6 +714,9 @@ func (r *rxState) responsePlaced(h *wire.Header, n int) {
 		return
 	}
 	e := o.sq
+	if o.large {
+		q.largeReads.Add(-1)
+	}
 	*o = orqEntry{}
 	q.orqHead++
 	if q.orqHead == q.orqTail {
@@ -804,6 +807,9 @@ func (r *rxState) queueRead(rr *wire.ReadRequest, region *mem.Region) {
 	}
 	q.irq[q.irqTail%uint64(len(q.irq))] = e
 	q.irqTail++
+	if e.size >= quietRead {
+		q.largeReads.Add(1)
+	}
 	if e.size <= inlineResponse {
 		// The driver answers before it reads again (see answerDue), from
 		// its own goroutine if the role is free: the Read Requests that

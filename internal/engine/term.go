@@ -118,6 +118,7 @@ func (q *QP) flushLocked() {
 		q.flushSQLocked()
 	}
 	q.orqHead = q.orqTail
+	q.largeReads.Store(0)
 	q.drainedLocked()
 	for ; q.irqHead < q.irqTail; q.irqHead++ {
 		e := &q.irq[q.irqHead%uint64(len(q.irq))]

@@ -862,7 +862,10 @@ func (t *txState) frameSQ() bool {
 				s = sges[t.readIdx]
 			}
 			o := &q.orq[q.orqTail%uint64(len(q.orq))]
-			*o = orqEntry{sq: e, sge: s}
+			*o = orqEntry{sq: e, sge: s, large: s.Length >= quietRead}
+			if o.large {
+				q.largeReads.Add(1)
+			}
 			if s.MR != nil {
 				o.sinkSTag, o.sinkTO = uint32(s.MR.STag()), s.MR.Addr()+uint64(s.Offset)
 			}
@@ -922,6 +925,9 @@ func (t *txState) frameReadResponse() {
 	if h.Last {
 		if r.region != nil {
 			r.region.Unhold() // the batch's hold remains until it is written
+		}
+		if r.size >= quietRead {
+			q.largeReads.Add(-1)
 		}
 		*r = irqEntry{}
 		q.irqHead++
