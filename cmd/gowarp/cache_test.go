@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,35 @@ func TestCacheServeHTTP(t *testing.T) {
 	}
 	if _, err := http.Get(url); err == nil {
 		t.Error("the status page is still served after serve stopped")
+	}
+}
+
+// TestCacheServeProcs: -procs sets the server's Go processors, as its
+// start says; a negative one is a usage error.
+func TestCacheServeProcs(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0)) // serve runs in this process
+	if code := runCache(context.Background(), []string{"serve", "-procs", "-1"}, io.Discard, io.Discard); code != exitUsage {
+		t.Fatalf("-procs -1: exit %d, want %d", code, exitUsage)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runCache(ctx, []string{"serve", "-addr", "127.0.0.1:0", "-dir", t.TempDir(), "-budget", "16MiB", "-procs", "1"}, io.Discard, &stderr)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stderr.String(), "cache: serving") {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start in 30 s:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(stderr.String(), " procs=1 ") || runtime.GOMAXPROCS(0) != 1 {
+		t.Errorf("GOMAXPROCS %d, log:\n%s", runtime.GOMAXPROCS(0), stderr.String())
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("serve exited %d:\n%s", code, stderr.String())
 	}
 }
