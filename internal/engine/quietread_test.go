@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gowarp/gowarp/internal/mem"
+	"github.com/gowarp/gowarp/wire"
 )
 
 // TestLargeReadsCounted: a Read of quietRead bytes or more counts in
@@ -72,4 +73,37 @@ func TestLargeReadsCounted(t *testing.T) {
 			t.Fatalf("after the flush: %d large Reads counted, want 0", k)
 		}
 	})
+}
+
+// TestLargeReadsCountedResponder: an inbound Read Request of quietRead
+// bytes or more counts from its arrival until its response is framed; a
+// requester that does not take the response keeps it counted, and the
+// flush of Close ends the count.
+func TestLargeReadsCountedResponder(t *testing.T) {
+	e := newCoreEnv(t) // its regions and FPDU encoder; e.big is 128 KiB
+	cq := NewCQ(16)
+	b, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: e.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, cb := net.Pipe() // the requester: it writes a request, reads nothing
+	defer ca.Close()
+	if err := b.Start(&streamLink{c: cb}, Params{IRD: 4, ORD: 4, MaxFPDU: 200}); err != nil {
+		t.Fatal(err)
+	}
+	req := e.readReq(1, wire.ReadRequest{SinkSTag: 0x99, Size: uint32(e.big.Len()), SourceSTag: uint32(e.big.STag()), SourceTO: coreBase})
+	if _, err := ca.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.largeReads.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d large Reads counted with a 128 KiB response unsent, want 1", b.largeReads.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.Close()
+	if k := b.largeReads.Load(); k != 0 {
+		t.Fatalf("after Close: %d large Reads counted, want 0", k)
+	}
 }

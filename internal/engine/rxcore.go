@@ -714,7 +714,7 @@ func (r *rxState) responsePlaced(h *wire.Header, n int) {
 		return
 	}
 	e := o.sq
-	if o.large {
+	if o.sge.Length >= quietRead {
 		q.largeReads.Add(-1)
 	}
 	*o = orqEntry{}

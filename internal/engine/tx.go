@@ -862,8 +862,8 @@ func (t *txState) frameSQ() bool {
 				s = sges[t.readIdx]
 			}
 			o := &q.orq[q.orqTail%uint64(len(q.orq))]
-			*o = orqEntry{sq: e, sge: s, large: s.Length >= quietRead}
-			if o.large {
+			*o = orqEntry{sq: e, sge: s}
+			if s.Length >= quietRead {
 				q.largeReads.Add(1)
 			}
 			if s.MR != nil {
