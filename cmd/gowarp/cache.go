@@ -164,9 +164,10 @@ func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []stri
 		return exitUsage
 	}
 	if *procs > 0 {
-		// A server whose connections' goroutines run on every CPU of a
-		// host its clients also keep busy wakes threads across CPUs the
-		// clients need: on 2 CPUs, 4 KiB ReadAt at 16 in flight from
+		// A server whose connections' goroutines may run on every CPU of
+		// a host its clients also keep busy competes with them for those
+		// CPUs (why it costs this much is not known: cross-CPU wake-ups
+		// are a guess): on 2 CPUs, 4 KiB ReadAt at 16 in flight from
 		// another process made 140 k ops/s (p50 58 µs, p99 2.1 ms) on
 		// Go's default and 166 k (p50 38 µs, p99 0.8 ms) with -procs 1,
 		// medians of 5 interleaved rounds.

@@ -159,10 +159,10 @@ type rqEntry struct {
 
 // quietRead is the size from which a Read under way, either way, stops
 // the busy poll. Its response streams for longer than a spin lasts, and
-// reads that spin meanwhile contend for the socket's lock with the kernel
-// delivering the stream (a reader holding it sends the arriving segments
-// to the socket's backlog, processed when the reader lets go) and, at the
-// responder, with the writes of the response. 1 MiB cache ReadAt at 2 in
+// reads that spin meanwhile, we think (inferred, not measured), contend
+// for the socket's lock with the kernel delivering the stream (a reader
+// holding it sends the arriving segments to the socket's backlog) and, at
+// the responder, with the writes of the response. 1 MiB cache ReadAt at 2 in
 // flight, busy polling: 3,383 MB/s (0.89 x perf read_bw in the same
 // rounds) before, 3,576 (0.92 x) with only the requester quiet, 3,756
 // (1.01 x) with both (medians of 8 interleaved rounds); 4 KiB, whose
