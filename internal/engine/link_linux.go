@@ -45,6 +45,13 @@ type fdLink struct {
 	slept     bool
 	bell      *atomic.Bool
 	quiet     *atomic.Int32 // while not 0, no spinning
+	spins     int
+	// parked, wfd and unwatched are the link's state in parked (see
+	// parkwatch_linux.go): its reader waits in the netpoller, the socket
+	// it armed there (-1: none), and closed.
+	parked    atomic.Bool
+	wfd       int
+	unwatched bool
 
 	wiov    []unix.Iovec
 	wmsg    []mmsghdr
@@ -81,7 +88,7 @@ func NewLink(c net.Conn) Link {
 	if err != nil {
 		return &streamLink{c: c}
 	}
-	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c)}
+	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c), wfd: -1}
 	l.rfunc, l.ifunc, l.wfunc, l.ofunc, l.mfunc, l.cfunc, l.tfunc = l.doRead, l.doReadIdle, l.doWrite, l.doOutq, l.doMSS, l.doCork, l.doInfo
 	_ = rc.Control(l.mfunc)
 	return l
@@ -193,6 +200,7 @@ func (l *fdLink) setBusyPoll(d time.Duration, bell *atomic.Bool, quiet *atomic.I
 }
 
 func (l *fdLink) doReadIdle(fd uintptr) bool {
+	parked.woke(l)
 	if l.ibuf == nil {
 		l.ibuf = l.iget()
 	}
@@ -209,6 +217,9 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 	case unix.EAGAIN:
 		// Nothing to read: wait without the buffer.
 		l.slept = true
+		if l.spinFor > 0 {
+			parked.arm(l, int(fd))
+		}
 		l.iput(l.ibuf)
 		l.ibuf = nil
 		return false
@@ -229,6 +240,9 @@ func (l *fdLink) spin() bool {
 	now := time.Now()
 	if now.Sub(l.spinStart) >= l.spinFor || !cpus.free(now) {
 		return false
+	}
+	if l.spins++; l.spins%parkEvery == 0 {
+		parked.poll()
 	}
 	tcpYield()
 	return true
@@ -547,7 +561,10 @@ func (l *fdLink) MSS() int {
 	return l.mss
 }
 
-func (l *fdLink) Close() error   { return l.c.Close() }
+func (l *fdLink) Close() error {
+	parked.forget(l)
+	return l.c.Close()
+}
 func (l *fdLink) Conn() net.Conn { return l.c }
 
 // Aborted reports whether the connection ended without the peer's FIN

@@ -1,0 +1,86 @@
+package engine
+
+import (
+	"errors"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestSpinnerRingsParked: on one processor, a reader that spins (its
+// peer sends nothing) is always something for the scheduler to run, so
+// the Go runtime polls the network only from sysmon, every 10 ms: a
+// reader that went to the netpoller and whose bytes came meanwhile waits
+// that long unless the spinner wakes it. The spinner must ring it (its
+// read ends at the doorbell, the deadline) within its first looks at the
+// parked readers. A try may lose to sysmon on a loaded host, so it takes
+// one ring in three tries.
+func TestSpinnerRingsParked(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var bDone chan error
+	var spinner *fdLink
+	var spinnerPeer interface{ Write([]byte) (int, error) }
+	yields := 0
+	spinner, p := spinLink(t, func() {
+		yields++
+		select {
+		case err := <-bDone:
+			bDone <- err
+			spinnerPeer.Write([]byte("x")) // the spinner's own bytes end its spin
+			waitInqBusy(spinner, 1)
+		default:
+		}
+		runtime.Gosched()
+	}, true)
+	spinnerPeer = p
+	spinner.spinFor = time.Hour
+	rung := 0
+	for try := 0; try < 3 && rung == 0; try++ {
+		a, b := tcpPair(t)
+		parkedLink := NewLink(b).(*fdLink)
+		var bell atomic.Bool
+		parkedLink.setBusyPoll(time.Microsecond, &bell, nil)
+		ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
+		bDone = make(chan error, 1)
+		go func() {
+			_, _, err := parkedLink.ReadIdle(make([]byte, 64), ib.give, ib.take)
+			bDone <- err
+		}()
+		<-ib.put // it waits in the netpoller, armed
+		if !parkedLink.parked.Load() {
+			t.Fatal("a busy-polling reader went to the netpoller unwatched")
+		}
+		a.Write([]byte("y"))
+		waitInqBusy(parkedLink, 1) // without parking: the netpoller must not run
+		yields = 0
+		if n, _, err := spinner.ReadIdle(make([]byte, 64), func([]byte) {}, func() []byte { return make([]byte, 64) }); err != nil || n != 1 {
+			t.Fatalf("the spinner read %d, %v", n, err)
+		}
+		err := <-bDone
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded) && bell.Load():
+			rung++
+		case err != nil:
+			t.Fatalf("the parked reader: %v", err)
+		}
+		parkedLink.Close()
+		if parkedLink.parked.Load() || parkedLink.wfd != -1 {
+			t.Fatal("a closed link is still watched")
+		}
+	}
+	if rung == 0 {
+		t.Fatalf("the spinner never rang the parked reader whose bytes came (%d yields in the last try): it waited for sysmon", yields)
+	}
+}
+
+// waitInqBusy waits, without parking the goroutine, until l's socket
+// holds n bytes.
+func waitInqBusy(l *fdLink, n int) {
+	for inq := 0; inq < n; {
+		l.rc.Control(func(fd uintptr) { inq, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	}
+}
