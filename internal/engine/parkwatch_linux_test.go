@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"os"
 	"runtime"
@@ -8,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gowarp/gowarp/internal/cm"
+	"github.com/gowarp/gowarp/internal/mem"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,5 +85,78 @@ func TestSpinnerRingsParked(t *testing.T) {
 func waitInqBusy(l *fdLink, n int) {
 	for inq := 0; inq < n; {
 		l.rc.Control(func(fd uintptr) { inq, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	}
+}
+
+// TestParkedForgotten: a busy-polling queue pair's link leaves the watch
+// as it closes, whether its side closes it or its peer goes: 40 pairs,
+// each side parked first, leave no link behind.
+func TestParkedForgotten(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	newQP := func() *QP {
+		cq := NewCQ(16)
+		q, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: mem.NewTable()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { q.Close() })
+		return q
+	}
+	opts := ConnectOptions{BusyPoll: 20 * time.Microsecond}
+	var links []*fdLink
+	for i := range 40 {
+		ini, rsp := newQP(), newQP()
+		a, b := tcpPair(t)
+		errc := make(chan error, 1)
+		go func() {
+			req, err := cm.ReadRequest(ctx, b)
+			if err == nil {
+				err = rsp.Accept(ctx, req, opts)
+			}
+			errc <- err
+		}()
+		if err := ini.ConnectConn(ctx, a, opts); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		li, lr := ini.link.(*fdLink), rsp.link.(*fdLink)
+		for !li.parked.Load() || !lr.parked.Load() {
+			if ctx.Err() != nil {
+				t.Fatal("the idle links did not park")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		links = append(links, li, lr)
+		if i%2 == 0 {
+			ini.Close() // both go: this side closes, the peer sees it
+		} else {
+			a.Close() // the connection goes under both
+		}
+	}
+	for _, l := range links {
+		for {
+			parked.mu.Lock()
+			watched := l.wfd >= 0 || parked.links[int32(l.wfd)] == l
+			parked.mu.Unlock()
+			if !watched && !l.parked.Load() {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatal("a link whose queue pair ended is still watched")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	parked.mu.Lock()
+	defer parked.mu.Unlock()
+	for _, l := range parked.links {
+		for _, m := range links {
+			if l == m {
+				t.Fatal("the watch still holds a closed link")
+			}
+		}
 	}
 }
