@@ -13,7 +13,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
-	"golang.org/x/sys/unix"
 
 	"github.com/gowarp/gowarp"
 )
@@ -504,7 +503,7 @@ func (s *store) pageIn(b *block) {
 	b.hot = true
 	s.resident++
 	s.pageIns++
-	_ = unix.Madvise(b.mr.Bytes(), unix.MADV_WILLNEED) // advice only
+	willNeed(b.mr.Bytes())
 }
 
 // blockAddr is the tagged offset of a block's first byte.
@@ -555,8 +554,7 @@ func (s *store) pager() {
 		s.mu.Unlock()
 		for i, p := range batch {
 			_ = p.f.Sync() // the pages must be clean for the kernel to drop them
-			_ = unix.Madvise(p.mem, unix.MADV_DONTNEED)
-			_ = unix.Fadvise(int(p.f.Fd()), 0, s.bs, unix.FADV_DONTNEED)
+			dropPages(p.mem, p.f, s.bs)
 			batch[i] = pageOut{}
 		}
 	}

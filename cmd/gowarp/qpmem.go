@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gowarp/gowarp"
@@ -143,25 +142,6 @@ func writeQPMem(w io.Writer, r *qpmemReport) {
 	}
 	fmt.Fprintf(w, "process: RSS %d MiB, heap %d MiB, %d goroutines after traffic (%d MiB, %d MiB, %d before any queue pair)\n",
 		r.Traffic.RSS>>20, r.Traffic.Heap>>20, r.Traffic.Goroutines, r.Base.RSS>>20, r.Base.Heap>>20, r.Base.Goroutines)
-}
-
-// raiseNoFile raises the soft limit on descriptors to the hard one, and
-// fails if that leaves fewer than need.
-func raiseNoFile(need int) error {
-	var l syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
-		return fmt.Errorf("reading the descriptor limit: %w", err)
-	}
-	if l.Cur < l.Max {
-		l.Cur = l.Max
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
-			return fmt.Errorf("raising the descriptor limit: %w", err)
-		}
-	}
-	if l.Cur < uint64(need) {
-		return fmt.Errorf("%d queue pairs need about %d descriptors; the limit is %d (ulimit -Hn)", need-64, need, l.Cur)
-	}
-	return nil
 }
 
 // qpmemPair is one connected pair and its buffers' places.

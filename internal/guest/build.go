@@ -29,7 +29,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -161,7 +160,7 @@ func Build(ctx context.Context, logf Logf) (*Image, error) {
 		return nil, err
 	}
 	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+	if err := lockFile(lock); err != nil {
 		return nil, fmt.Errorf("guest: locking %s: %w", lock.Name(), err)
 	}
 	if im.built() {

@@ -1,7 +1,12 @@
-//go:build !linux
+//go:build unix && !linux
 
 package guest
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+)
 
 func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+
+func lockFile(f *os.File) error { return syscall.Flock(int(f.Fd()), syscall.LOCK_EX) }
