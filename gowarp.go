@@ -297,6 +297,29 @@ func (pd *PD) RegisterBuffers(bufs [][]byte, access Access, o RegisterOptions) (
 	return pd.register(bufs, access, mem.Options(o))
 }
 
+// Alloc registers n bytes of new, zeroed memory with the given rights;
+// MR.Bytes is the memory and Deregister frees it. On Linux the memory is
+// a sealed memfd mapped shared, and a shared-memory link (see
+// ConnectOptions.SharedMemory) passes what a Write, Send or Read
+// Response sends from it to the peer by reference: the peer copies it
+// once, from its own mapping straight to the bytes' place, where memory
+// from Register is copied twice (into the link's ring and out of it).
+// That is the link's fast path for large transfers. On any other link,
+// and on other systems, the memory is ordinary registered memory.
+//
+// A Handed completion of such a Write or Send says the link took the
+// reference, not that the peer has copied the bytes: as Handed's rule
+// is for TCP, do not change them until an exchange with the peer shows
+// they arrived, or ask for Acked, which completes once the peer has
+// copied them.
+func (pd *PD) Alloc(n int, access Access) (*MR, error) {
+	r, err := pd.tbl.t.RegisterShared(pd.id, n, mem.Access(access), mem.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return pubMR(r), nil
+}
+
 func (pd *PD) register(bufs [][]byte, access Access, o mem.Options) (*MR, error) {
 	r, err := pd.tbl.t.Register(pd.id, bufs, mem.Access(access), o)
 	if err != nil {

@@ -17,6 +17,7 @@ type pair struct {
 	pd       *gowarp.PD
 	a, b     *gowarp.QP
 	acq, bcq *gowarp.CQ
+	alloc    bool // reg uses PD.Alloc
 }
 
 // newIdlePair makes two unconnected queue pairs a and b, each with a CQ of
@@ -53,6 +54,14 @@ func newPairOn(t testing.TB, o gowarp.ConnectOptions, listenAddr string, inA, in
 
 func (p *pair) reg(t testing.TB, n int, acc gowarp.Access) (*gowarp.MR, []byte) {
 	t.Helper()
+	if p.alloc {
+		mr, err := p.pd.Alloc(n, acc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mr.Deregister() })
+		return mr, mr.Bytes()
+	}
 	buf := make([]byte, n)
 	mr, err := p.pd.Register(buf, acc)
 	if err != nil {

@@ -35,9 +35,13 @@ func shmFiles(t testing.TB, pids ...int) []string {
 // at a time and in bursts, arrive intact over a shared-memory link whose
 // rings (the smallest, 64 KiB) wrap many times, with CRC off and on; both
 // queue pairs report the link, and no file is left in /dev/shm.
+//
+// With alloc, the regions come from PD.Alloc, whose bytes cross by
+// reference (the reader copies them from its mapping of the writer's).
 func TestAdapterSharedMemoryData(t *testing.T) {
-	for _, crc := range []bool{false, true} {
-		t.Run(fmt.Sprintf("crc=%v", crc), func(t *testing.T) {
+	for _, c := range []struct{ crc, alloc bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		crc := c.crc
+		t.Run(fmt.Sprintf("crc=%v,alloc=%v", crc, c.alloc), func(t *testing.T) {
 			o := gowarp.ConnectOptions{CRC: crc, SharedMemory: true, SharedMemoryRing: 64 << 10, PrivateData: []byte("hello")}
 			p := newPair(t, o)
 			if p.a.Transport() != gowarp.TransportSharedMemory || p.b.Transport() != gowarp.TransportSharedMemory {
@@ -52,6 +56,7 @@ func TestAdapterSharedMemoryData(t *testing.T) {
 			if f := shmFiles(t); len(f) != 0 {
 				t.Fatalf("files left in /dev/shm once connected: %v", f)
 			}
+			p.alloc = c.alloc
 			shmExchange(t, p, 1<<20, []int{1, 7, 64, 100, 2047, 2048, 2049, 4099, 65536, 65537, 70001, 200003, 1 << 20})
 		})
 	}
@@ -365,5 +370,39 @@ func TestAdapterSharedMemoryTerminate(t *testing.T) {
 	waitState(t, p.b, gowarp.StateError)
 	if err := p.b.Err(); !errors.Is(err, gowarp.ErrTerminated) {
 		t.Fatalf("responder's error %v, want ErrTerminated", err)
+	}
+}
+
+// TestAdapterSharedMemoryAllocAcked: in Acked mode a Write from PD.Alloc
+// memory, which crosses by reference, completes only once the peer has
+// copied it: at each completion the peer's region holds the bytes, and
+// the source may be changed at once for the next Write.
+func TestAdapterSharedMemoryAllocAcked(t *testing.T) {
+	p := &pair{dev: gowarp.Open(), alloc: true}
+	p.pd = p.dev.AllocPD()
+	p.acq, p.bcq = p.dev.NewCQ(64), p.dev.NewCQ(64)
+	p.a, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq, Completion: gowarp.Acked})
+	p.b, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq, Completion: gowarp.Acked})
+	t.Cleanup(func() { p.a.Close(); p.b.Close() })
+	o := gowarp.ConnectOptions{SharedMemory: true}
+	p.connect(t, o, o)
+	if p.a.Transport() != gowarp.TransportSharedMemory {
+		t.Fatalf("transport %v", p.a.Transport())
+	}
+	const n = 300_000
+	src, sbuf := p.reg(t, n, gowarp.LocalWrite)
+	dst, dbuf := p.reg(t, n, gowarp.RemoteWrite)
+	for i := range 200 {
+		fillPattern(sbuf, byte(i))
+		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
+			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			t.Fatal(err)
+		}
+		if c := wait(t, p.acq); c.Err() != nil {
+			t.Fatalf("write %d: %v", i, c.Err())
+		}
+		if !bytes.Equal(dbuf, sbuf) {
+			t.Fatalf("write %d completed before the peer had its bytes", i)
+		}
 	}
 }

@@ -30,7 +30,7 @@ import (
 //
 // The block (big-endian):
 //
-//	0  version   1
+//	0  version   2 (1 was a ring of bare bytes: such a peer gets the stream)
 //	1  flags     0
 //	2  name len  bytes of name in use (0 in an answer)
 //	3  reserved  0
@@ -40,7 +40,7 @@ import (
 //	60 "gwS1"    magic
 const (
 	shmBlockLen   = 64
-	shmVersion    = 1
+	shmVersion    = 2 // 2: the ring carries records (engine: link_shm.go)
 	shmNameMax    = 36
 	shmNamePrefix = "gowarp-shm-"
 	// ShmMinRing and ShmMaxRing bound a ring's size; ShmDefaultRing is

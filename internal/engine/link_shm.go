@@ -3,7 +3,9 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"runtime"
@@ -14,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/gowarp/gowarp/internal/cm"
+	"github.com/gowarp/gowarp/internal/mem"
 	"golang.org/x/sys/unix"
 )
 
@@ -74,13 +77,73 @@ type shmLink struct {
 	bell             [1]byte
 	sink             [64]byte
 	ts               unix.Timespec
+
+	// The writer's side of the records (see shmRecord): lhead is the
+	// stream bytes ever written (Unacked reads it), told the segments
+	// of memory the peer was told of, and frees the count of shared
+	// regions freed when it last looked for dead ones among them.
+	lhead atomic.Uint64
+	told  map[uint32]*mem.Shared
+	frees uint64
+	rec   [shmRecMax]byte // the writer's record being made
+	// The reader's: the record being read (rkind, with rleft of its
+	// stream bytes left, from rsrc for a reference) and the peer's
+	// segments mapped here.
+	rkind byte
+	rleft int
+	// rt and rlt are the reader's ring tail and stream bytes read, given
+	// to the writer (the ring's tail and ltail) as rtPub and rltPub now
+	// and then (see take).
+	rt, rtPub, rlt, rltPub uint64
+	rsrc  []byte
+	segs  map[uint32][]byte
+	rrec  [shmRecMax]byte // the record being parsed
 }
+
+// The ring carries records, each a header of 8 bytes (kind, three zero
+// bytes, a 32-bit length, little-endian as the host: both ends are on
+// it) and a body:
+//
+//	shmInline  len stream bytes follow in the ring
+//	shmRef     16 bytes: segment (32 bits), zero (32), offset (64): the
+//	           len stream bytes are there in the writer's shared segment
+//	shmSeg     32 bytes: segment, PID, FD (32 bits each), zero (32),
+//	           inode, size (64 each): a segment of the writer's, which the
+//	           reader maps from /proc/PID/fd/FD (len 0)
+//	shmForget  8 bytes: segment, zero (32): the segment is gone (len 0)
+//
+// So memory from Alloc (mem.RegisterShared) crosses by reference: one
+// copy, by the reader, from its mapping of the writer's memory straight
+// to the place the receive core asks for.
+const (
+	shmInline = 1 + iota
+	shmRef
+	shmSeg
+	shmForget
+
+	shmHdr    = 8
+	shmRefLen = shmHdr + 16
+	shmSegLen = shmHdr + 32
+	shmFgtLen = shmHdr + 8
+	shmRecMax = shmSegLen
+	// shmRefMin is the least a vector must hold to go by reference: below
+	// it the record and the reader's lookup cost more than the copy.
+	shmRefMin = 4 << 10
+	// shmMaxSegs bounds the segments a peer may have mapped here.
+	shmMaxSegs = 4096
+)
+
+// errShmRecord is a record in the ring that no gowarp writer makes.
+var errShmRecord = errors.New("gowarp: malformed shared-memory ring record")
 
 // shmRing is one direction's ring: its counters in the shared file's
 // page for it, each on cache lines of its own, and its bytes.
 type shmRing struct {
-	head  *atomic.Uint64 // bytes ever written; the writer's line
-	tail  *atomic.Uint64 // bytes ever read; the reader's line
+	head *atomic.Uint64 // bytes ever written; the writer's line
+	tail *atomic.Uint64 // bytes ever read; the reader's line
+	// ltail is the stream bytes ever read (the ring's bytes are records
+	// of them): what the writer's Unacked and its window look at.
+	ltail *atomic.Uint64
 	rwait *atomic.Uint32 // the reader sleeps on the connection
 	wwait *atomic.Uint32 // the writer sleeps on tail's futex
 	data  []byte
@@ -140,6 +203,7 @@ func newShmRing(ctrl, data []byte) shmRing {
 	return shmRing{
 		head:  (*atomic.Uint64)(p),
 		tail:  (*atomic.Uint64)(unsafe.Add(p, 128)),
+		ltail: (*atomic.Uint64)(unsafe.Add(p, 512)),
 		rwait: (*atomic.Uint32)(unsafe.Add(p, 256)),
 		wwait: (*atomic.Uint32)(unsafe.Add(p, 384)),
 		data:  data,
@@ -151,7 +215,7 @@ func newShmRing(ctrl, data []byte) shmRing {
 // doorbell; full is the link timeout (negative: none).
 func newShmLink(c net.Conn, m *cm.SharedMemory, full time.Duration) Link {
 	l := &shmLink{c: c, m: m, full: full, rspin: shmSpin, spinMin: shmSpinMin, spinMax: shmSpin, wspin: shmSpin,
-		rwaiter: newShmWaiter(), wwaiter: newShmWaiter()}
+		rwaiter: newShmWaiter(), wwaiter: newShmWaiter(), told: map[uint32]*mem.Shared{}, segs: map[uint32][]byte{}}
 	l.conn = shmConn{Conn: c, l: l}
 	in, out := newShmRing(m.Ctrl(0), m.Data(0)), newShmRing(m.Ctrl(1), m.Data(1))
 	in.race, out.race = shmRaceAddr(m.ID(), 0), shmRaceAddr(m.ID(), 1)
@@ -179,6 +243,10 @@ func (l *shmLink) enter() bool {
 func (l *shmLink) exit() {
 	if l.refs.Add(-1) == shmClosed {
 		l.m.Unmap()
+		for id, m := range l.segs {
+			unmapSeg(m)
+			delete(l.segs, id)
+		}
 	}
 }
 
@@ -216,24 +284,24 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 		if past(l.rdl.Load()) {
 			return 0, os.ErrDeadlineExceeded
 		}
-		t := r.tail.Load()
-		if avail := r.head.Load() - t; avail > 0 {
-			if limit > 0 {
-				avail = min(avail, uint64(limit))
-			}
+		t := l.rt
+		if l.ready(t) {
 			shmAcquire(r.race)
-			n := r.copyOut(bufs, t, int(avail))
-			if n == 0 {
-				return 0, nil
+			n, err := l.take(bufs, limit)
+			if err != nil {
+				return 0, err
 			}
-			r.tail.Store(t + uint64(n))
 			if r.wwait.Load() != 0 && r.wwait.CompareAndSwap(1, 0) {
-				futex(r.tail, futexWake, 1<<30, nil)
+				l.tell()
+				futex(r.ltail, futexWake, 1<<30, nil)
 			}
-			if i > 0 {
-				l.adapt(slept)
+			if n > 0 {
+				if i > 0 {
+					l.adapt(slept)
+				}
+				return n, nil
 			}
-			return n, nil
+			continue // only segment records: look again
 		}
 		if l.rxErr != nil {
 			return 0, l.rxErr
@@ -255,7 +323,7 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 		// peer goes (EOF, a reset), a deadline passes or Close.
 		l.rsleeps++
 		r.rwait.Store(1)
-		if r.head.Load() != t {
+		if l.ready(t) {
 			r.rwait.Store(0)
 			continue
 		}
@@ -368,53 +436,367 @@ func (l *shmLink) adapt(slept bool) {
 	}
 }
 
-// copyOut copies up to n bytes from the ring at t into bufs and returns
-// how many.
-func (r *shmRing) copyOut(bufs [][]byte, t uint64, n int) int {
-	done := 0
+// take reads records from the ring into bufs, at most limit stream
+// bytes if limit > 0, and returns the stream bytes it copied: inline
+// bytes out of the ring, referenced ones out of the writer's segment.
+func (l *shmLink) take(bufs [][]byte, limit int) (int, error) {
+	r := &l.rx
+	h, t := r.head.Load(), l.rt
+	want := 0
 	for _, b := range bufs {
-		for len(b) > 0 && done < n {
-			off := (t + uint64(done)) & r.mask
-			k := copy(b[:min(len(b), n-done)], r.data[off:])
-			b = b[k:]
-			done += k
-		}
-		if done == n {
-			break
-		}
+		want += len(b)
 	}
-	return done
+	if limit > 0 {
+		want = min(want, limit)
+	}
+	var sc scatter
+	sc.bufs = bufs
+	done := 0
+	for done < want {
+		if l.rleft == 0 {
+			if h-t < shmHdr {
+				if h != t {
+					return 0, errShmRecord // a writer publishes whole headers
+				}
+				break
+			}
+			hdr := l.rrec[:shmHdr]
+			r.get(t, hdr)
+			kind, n := hdr[0], int(binary.LittleEndian.Uint32(hdr[4:]))
+			if kind == shmRef && limit > 0 && done > 0 {
+				// A staging read has its header: the payload that follows
+				// is asked for in place, copied once rather than twice.
+				break
+			}
+			if hdr[1]|hdr[2]|hdr[3] != 0 {
+				return 0, errShmRecord
+			}
+			size := 0
+			switch kind {
+			case shmInline:
+				size = shmHdr
+			case shmRef:
+				size = shmRefLen
+			case shmSeg:
+				size = shmSegLen
+			case shmForget:
+				size = shmFgtLen
+			}
+			if size == 0 || (n == 0) != (kind == shmSeg || kind == shmForget) {
+				return 0, errShmRecord
+			}
+			if h-t < uint64(size) {
+				return 0, errShmRecord // a writer publishes whole records
+			}
+			body := l.rrec[shmHdr:size]
+			r.get(t+shmHdr, body)
+			t += uint64(size)
+			switch kind {
+			case shmInline:
+				l.rkind, l.rleft = shmInline, n
+			case shmRef:
+				id, off := binary.LittleEndian.Uint32(body), binary.LittleEndian.Uint64(body[8:])
+				m, ok := l.segs[id]
+				if !ok || binary.LittleEndian.Uint32(body[4:]) != 0 || off > uint64(len(m)) || uint64(n) > uint64(len(m))-off {
+					return 0, errShmRecord
+				}
+				l.rkind, l.rleft, l.rsrc = shmRef, n, m[off:off+uint64(n)]
+			case shmSeg:
+				if err := l.mapSeg(body); err != nil {
+					return 0, err
+				}
+			case shmForget:
+				id := binary.LittleEndian.Uint32(body)
+				if m, ok := l.segs[id]; ok {
+					unmapSeg(m)
+					delete(l.segs, id)
+				}
+			}
+			continue
+		}
+		k := min(l.rleft, want-done)
+		if l.rkind == shmRef {
+			k = sc.put(l.rsrc[:k])
+			l.rsrc = l.rsrc[k:]
+		} else {
+			k = min(k, int(h-t))
+			if k == 0 {
+				break
+			}
+			off := t & r.mask
+			c := sc.put(r.data[off:min(off+uint64(k), uint64(len(r.data)))])
+			if c < k {
+				c += sc.put(r.data[:k-c])
+			}
+			t += uint64(c)
+		}
+		l.rleft -= k
+		done += k
+	}
+	if l.rleft == 0 {
+		l.rsrc = nil
+	}
+	l.rt = t
+	l.rlt += uint64(done)
+	// The counters go to the writer when the ring is empty (the reader is
+	// about to wait) or has moved far: each store to a line the writer
+	// reads waits for the line to come back from the writer's core, and
+	// one per record, four per FPDU, cost 1 MiB write_bw a fifth.
+	if !l.ready(t) || t-l.rtPub >= uint64(len(r.data))/4 || l.rlt-l.rltPub >= shmWindow(uint64(len(r.data)))/8 {
+		l.tell()
+	}
+	return done, nil
 }
 
-// copyIn copies bufs into the ring at h, up to free bytes, publishing
-// the head every shmPublish bytes; it returns the bytes copied.
-func (l *shmLink) copyIn(bufs [][]byte, h uint64, free int) int {
+// tell gives the writer the reader's counters.
+func (l *shmLink) tell() {
+	r := &l.rx
+	if l.rt != l.rtPub {
+		r.tail.Store(l.rt)
+		l.rtPub = l.rt
+	}
+	if l.rlt != l.rltPub {
+		r.ltail.Store(l.rlt)
+		l.rltPub = l.rlt
+	}
+}
+
+// ready reports whether the reader has stream bytes to take, the ring's
+// tail being t: records in the ring, or a reference's bytes left.
+func (l *shmLink) ready(t uint64) bool {
+	return l.rx.head.Load() != t || (l.rleft > 0 && l.rkind == shmRef)
+}
+
+// scatter copies into bufs in order.
+type scatter struct {
+	bufs [][]byte
+	i    int // the buffer being filled
+	off  int // bytes of it filled
+}
+
+// put copies b into the buffers and returns how much of it fit.
+func (s *scatter) put(b []byte) int {
+	n := 0
+	for n < len(b) && s.i < len(s.bufs) {
+		k := copy(s.bufs[s.i][s.off:], b[n:])
+		n += k
+		s.off += k
+		if s.off == len(s.bufs[s.i]) {
+			s.i, s.off = s.i+1, 0
+		}
+	}
+	return n
+}
+
+// get copies the ring's bytes at p into b.
+func (r *shmRing) get(p uint64, b []byte) {
+	off := p & r.mask
+	n := copy(b, r.data[off:])
+	copy(b[n:], r.data)
+}
+
+// set copies b into the ring at p.
+func (r *shmRing) set(p uint64, b []byte) {
+	off := p & r.mask
+	n := copy(r.data[off:], b)
+	copy(r.data, b[n:])
+}
+
+// mapSeg maps the writer's segment a shmSeg record's body names, read
+// only, after checking that it is the memfd the writer registered
+// (inode, size) and that it cannot shrink (so no access faults).
+func (l *shmLink) mapSeg(body []byte) error {
+	id := binary.LittleEndian.Uint32(body)
+	pid, fd := binary.LittleEndian.Uint32(body[4:]), binary.LittleEndian.Uint32(body[8:])
+	ino, size := binary.LittleEndian.Uint64(body[16:]), binary.LittleEndian.Uint64(body[24:])
+	if _, ok := l.segs[id]; ok || binary.LittleEndian.Uint32(body[12:]) != 0 || size == 0 || size > 1<<40 {
+		return errShmRecord
+	}
+	if len(l.segs) >= shmMaxSegs {
+		return fmt.Errorf("%w: more than %d segments", errShmRecord, shmMaxSegs)
+	}
+	m, err := mapPeerSeg(int(pid), int(fd), ino, int(size))
+	if err != nil {
+		return err
+	}
+	l.segs[id] = m
+	return nil
+}
+
+// mapPeerSeg maps a peer's shared segment of size bytes, read only.
+func mapPeerSeg(pid, fd int, ino uint64, size int) ([]byte, error) {
+	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
+	f, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("gowarp: shared memory: the peer's memory %s: %w (the peers must run as the same user, in one PID namespace)", path, err)
+	}
+	defer unix.Close(f)
+	var st unix.Stat_t
+	if err := unix.Fstat(f, &st); err != nil {
+		return nil, fmt.Errorf("gowarp: shared memory: the peer's memory %s: %w", path, err)
+	}
+	seals, err := unix.FcntlInt(uintptr(f), unix.F_GET_SEALS, 0)
+	if err != nil || st.Ino != ino || st.Size != int64(size) || seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, fmt.Errorf("gowarp: shared memory: %s is not the peer's sealed memory of %d bytes", path, size)
+	}
+	m, err := unix.Mmap(f, 0, size, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("gowarp: shared memory: mapping the peer's memory %s: %w", path, err)
+	}
+	return m, nil
+}
+
+func unmapSeg(m []byte) { unix.Munmap(m) }
+
+// put writes bufs to the ring as records, as far as the ring and the
+// window (the ring's size in stream bytes not yet read, as inline bytes
+// alone would allow) have room, and returns the stream bytes written.
+func (l *shmLink) put(bufs [][]byte) int {
 	r := &l.tx
-	done, published := 0, 0
-	for _, b := range bufs {
-		for len(b) > 0 && done < free {
-			off := (h + uint64(done)) & r.mask
-			k := copy(r.data[off:], b[:min(len(b), free-done)])
-			b = b[k:]
-			done += k
-			if done-published >= shmPublish {
-				published = done
-				l.publish(h + uint64(done))
+	size := uint64(len(r.data))
+	h := r.head.Load() // only this side moves it
+	free := int(size - (h - r.tail.Load()))
+	lh := l.lhead.Load()
+	win := int(shmWindow(size) - (lh - r.ltail.Load()))
+	if f := mem.SharedFrees(); f != l.frees {
+		// Tell the peer of the segments gone, first: their ids are
+		// never reused, so an old forget is harmless.
+		for id, sg := range l.told {
+			if sg.Dead() && free >= shmFgtLen {
+				rec := l.rec[:shmFgtLen]
+				clear(rec)
+				l.header(rec, shmForget, 0)
+				binary.LittleEndian.PutUint32(rec[8:], id)
+				r.set(h, rec)
+				h += shmFgtLen
+				free -= shmFgtLen
+				delete(l.told, id)
 			}
 		}
-		if done == free {
+		if len(l.told) == 0 || !l.anyDead() {
+			l.frees = f
+		}
+	}
+	done, published := 0, 0
+	for i := 0; i < len(bufs) && win > done; {
+		b := bufs[i]
+		if len(b) == 0 {
+			i++
+			continue
+		}
+		var sg *mem.Shared
+		var off int
+		if len(b) >= shmRefMin {
+			sg, off = mem.FindShared(b)
+		}
+		if sg != nil {
+			if l.told[sg.ID] == nil {
+				if free < shmSegLen+shmRefLen {
+					break
+				}
+				rec := l.rec[:shmSegLen]
+				clear(rec)
+				l.header(rec, shmSeg, 0)
+				binary.LittleEndian.PutUint32(rec[8:], sg.ID)
+				binary.LittleEndian.PutUint32(rec[12:], uint32(sg.PID))
+				binary.LittleEndian.PutUint32(rec[16:], uint32(sg.FD))
+				binary.LittleEndian.PutUint64(rec[24:], sg.Ino)
+				binary.LittleEndian.PutUint64(rec[32:], uint64(sg.Size))
+				r.set(h, rec)
+				h += shmSegLen
+				free -= shmSegLen
+				l.told[sg.ID] = sg
+			}
+			if free < shmRefLen {
+				break
+			}
+			k := min(len(b), win-done)
+			rec := l.rec[:shmRefLen]
+			clear(rec)
+			l.header(rec, shmRef, k)
+			binary.LittleEndian.PutUint32(rec[8:], sg.ID)
+			binary.LittleEndian.PutUint64(rec[16:], uint64(off))
+			r.set(h, rec)
+			h += shmRefLen
+			free -= shmRefLen
+			done += k
+			// Publish at once: the reader starts copying while the
+			// next records are written.
+			l.publish(h, lh+uint64(done))
+			published = done
+			if k < len(b) {
+				break
+			}
+			i++
+			continue
+		}
+		// An inline record of this vector and the next that do not go
+		// by reference, as many bytes as fit.
+		if free <= shmHdr {
+			break
+		}
+		run, j := len(b), i+1
+		for ; j < len(bufs); j++ {
+			if v := bufs[j]; len(v) >= shmRefMin {
+				if sg, _ := mem.FindShared(v); sg != nil {
+					break
+				}
+			}
+			run += len(bufs[j])
+		}
+		k := min(run, free-shmHdr, win-done)
+		hdr := l.rec[:shmHdr]
+		clear(hdr)
+		l.header(hdr, shmInline, k)
+		r.set(h, hdr)
+		h += shmHdr
+		free -= shmHdr + k
+		for c := 0; c < k; {
+			v := bufs[i][:min(len(bufs[i]), k-c)]
+			r.set(h, v)
+			h += uint64(len(v))
+			c += len(v)
+			done += len(v)
+			if len(v) < len(bufs[i]) {
+				break // the caller resumes past what was written
+			}
+			i++
+			if done-published >= shmPublish {
+				l.publish(h, lh+uint64(done))
+				published = done
+			}
+		}
+		if k < run {
 			break
 		}
 	}
-	if done > published {
-		l.publish(h + uint64(done))
+	if h != r.head.Load() {
+		l.publish(h, lh+uint64(done))
 	}
 	return done
 }
 
-// publish moves the head to h and rings a reader that sleeps.
-func (l *shmLink) publish(h uint64) {
+// anyDead reports whether a segment told to the peer is gone.
+func (l *shmLink) anyDead() bool {
+	for _, sg := range l.told {
+		if sg.Dead() {
+			return true
+		}
+	}
+	return false
+}
+
+// header fills a record's header.
+func (l *shmLink) header(rec []byte, kind byte, n int) {
+	rec[0] = kind
+	binary.LittleEndian.PutUint32(rec[4:], uint32(n))
+}
+
+// publish moves the head to h, with lh stream bytes written, and rings a
+// reader that sleeps.
+func (l *shmLink) publish(h, lh uint64) {
 	r := &l.tx
+	l.lhead.Store(lh)
 	shmRelease(r.race)
 	r.head.Store(h)
 	if r.rwait.Load() != 0 && r.rwait.CompareAndSwap(1, 0) {
@@ -432,19 +814,13 @@ func (l *shmLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 	}
 	defer l.exit()
 	r := &l.tx
-	h := r.head.Load() // only this side moves it
-	size := uint64(len(r.data))
 	var spinStart, fullSince time.Time
 	for i := 0; ; i++ {
 		if past(l.wdl.Load()) {
 			return 0, os.ErrDeadlineExceeded
 		}
-		t := r.tail.Load()
-		if free := size - (h - t); free > 0 {
-			n := l.copyIn(bufs, h, int(free))
-			if n == 0 {
-				return 0, nil
-			}
+		t, lt := r.tail.Load(), r.ltail.Load()
+		if n := l.put(bufs); n > 0 {
 			return n, nil
 		}
 		if l.refs.Load()&shmClosed != 0 {
@@ -482,12 +858,12 @@ func (l *shmLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 		}
 		r.wwait.Store(1)
 		l.wsleeps++
-		if r.tail.Load() == t {
+		if r.tail.Load() == t && r.ltail.Load() == lt {
 			l.ts = unix.NsecToTimespec(int64(shmFullPoll))
-			futex(r.tail, futexWait, uint32(t), &l.ts)
+			futex(r.ltail, futexWait, uint32(lt), &l.ts)
 		}
 		r.wwait.Store(0)
-		if r.tail.Load() != t {
+		if r.tail.Load() != t || r.ltail.Load() != lt {
 			fullSince = time.Time{}
 		}
 	}
@@ -507,7 +883,7 @@ func (l *shmLink) Unacked() (int, error) {
 		return 0, net.ErrClosed
 	}
 	defer l.exit()
-	return int(l.tx.head.Load() - l.tx.tail.Load()), nil
+	return int(l.lhead.Load() - l.tx.ltail.Load()), nil
 }
 
 // MSS is 0: there are no segments, and full FPDUs are 64 KiB (see
@@ -527,7 +903,7 @@ func (l *shmLink) Close() error {
 		}
 	}
 	err := l.c.Close()
-	futex(l.tx.tail, futexWake, 1<<30, nil)
+	futex(l.tx.ltail, futexWake, 1<<30, nil)
 	l.exit()
 	return err
 }
@@ -538,7 +914,7 @@ func (l *shmLink) Conn() net.Conn { return &l.conn }
 // deadline.
 func (l *shmLink) wakeWriter() {
 	if l.enter() {
-		futex(l.tx.tail, futexWake, 1<<30, nil)
+		futex(l.tx.ltail, futexWake, 1<<30, nil)
 		l.exit()
 	}
 }
@@ -584,3 +960,14 @@ func (c *shmConn) CloseWrite() error {
 	}
 	return errors.ErrUnsupported
 }
+
+// shmWindow is the most stream bytes a writer may have written that the
+// reader has not taken, on a ring of size bytes.
+func shmWindow(size uint64) uint64 { return max(size, shmWindowMin) }
+
+// shmWindowMin: a ring's bytes bound the stream bytes in flight when they
+// are inline; references take a few bytes of it each, and a window of
+// only the ring's bytes (1 MiB by default) let one 1 MiB Write at a time
+// be in flight: the writer waited for the reader's copy, the reader for
+// the writer's next record.
+var shmWindowMin uint64 = 8 << 20

@@ -115,8 +115,11 @@ type Region struct {
 	// holds the region's further keys (Expose), replaced whole on change
 	// so that Lookup reads it without a lock.
 	file *fileMap
-	sem  Semantics
-	keys atomic.Pointer[keySet]
+	// shared is the memory of a region made by RegisterShared, nil for
+	// others.
+	shared *Shared
+	sem    Semantics
+	keys   atomic.Pointer[keySet]
 
 	// id names the region in the process, never another (ID).
 	id uint64
@@ -560,6 +563,9 @@ func (t *Table) Deregister(r *Region) error {
 	delete(t.regions, idx)
 	if r.file != nil {
 		return r.file.unmap()
+	}
+	if r.shared != nil {
+		return r.shared.free()
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -65,7 +66,8 @@ type clientRun struct {
 	pd     *gowarp.PD
 	cq     *gowarp.CQ
 	qp     *gowarp.QP
-	buf    []byte
+	buf    []byte // mr's memory, gone with it; a copy after close if keep
+	keep   bool
 	mr     *gowarp.MR
 	credit *gowarp.MR
 	rep    reply
@@ -77,7 +79,7 @@ type clientRun struct {
 }
 
 func (c *Client) connect(ctx context.Context, t Test, o *Options) (*clientRun, error) {
-	r := &clientRun{test: t, o: o, pd: c.Dev.AllocPD()}
+	r := &clientRun{test: t, o: o, pd: c.Dev.AllocPD(), keep: c.runDone != nil}
 	depth := o.depth()
 	sq, rq := depth+1, 1 // one more send slot for the final flush
 	if t == SendLat {
@@ -93,12 +95,14 @@ func (c *Client) connect(ctx context.Context, t Test, o *Options) (*clientRun, e
 	if err != nil {
 		return nil, err
 	}
-	r.buf = make([]byte, o.Size)
-	pattern(r.buf, clientSeed)
-	if r.mr, err = r.pd.Register(r.buf, gowarp.LocalWrite|gowarp.RemoteWrite|gowarp.RemoteRead); err != nil {
+	// Alloc: a shared-memory link passes what is sent from it by
+	// reference (one copy).
+	if r.mr, err = r.pd.Alloc(o.Size, gowarp.LocalWrite|gowarp.RemoteWrite|gowarp.RemoteRead); err != nil {
 		r.close()
 		return nil, err
 	}
+	r.buf = r.mr.Bytes()
+	pattern(r.buf, clientSeed)
 	req := request{test: t, size: uint32(o.Size), depth: uint32(depth), maxFPDU: uint32(o.MaxFPDU),
 		bufSTag: uint32(r.mr.STag()), bufAddr: r.mr.Addr(), bufLen: uint32(r.mr.Len())}
 	if t == SendBW {
@@ -162,6 +166,9 @@ func (r *clientRun) close() error {
 			cancel()
 		}
 		r.qp.Close()
+	}
+	if r.keep && r.buf != nil {
+		r.buf = bytes.Clone(r.buf) // the memory goes with the region
 	}
 	var errs []error
 	for _, mr := range []*gowarp.MR{r.mr, r.credit} {

@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -175,7 +176,8 @@ type serverSession struct {
 	pd      *gowarp.PD
 	cq      *gowarp.CQ
 	qp      *gowarp.QP
-	buf     []byte
+	buf     []byte // mr's memory, gone with it; a copy after close if keep
+	keep    bool
 	mr      *gowarp.MR
 	credit  *gowarp.MR // source of credit Writes (send_bw)
 	poll    bool
@@ -192,7 +194,7 @@ const (
 
 func (s *Server) newSession(r *request, log *slog.Logger) (*serverSession, error) {
 	dev := gowarp.Open(gowarp.WithLogger(log))
-	ss := &serverSession{req: *r, log: log, pd: dev.AllocPD(), poll: s.Conn.Poll || r.flags&flagPoll != 0}
+	ss := &serverSession{req: *r, log: log, pd: dev.AllocPD(), poll: s.Conn.Poll || r.flags&flagPoll != 0, keep: s.sessionDone != nil}
 	ss.maxFPDU = s.Conn.MaxFPDU
 	if ss.maxFPDU == 0 {
 		ss.maxFPDU = int(r.maxFPDU)
@@ -217,12 +219,14 @@ func (s *Server) newSession(r *request, log *slog.Logger) (*serverSession, error
 	if err != nil {
 		return nil, err
 	}
-	ss.buf = make([]byte, r.size)
-	pattern(ss.buf, serverSeed)
-	if ss.mr, err = ss.pd.Register(ss.buf, gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
+	// Alloc: a shared-memory link passes what is sent from it by
+	// reference (one copy).
+	if ss.mr, err = ss.pd.Alloc(int(r.size), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
 		ss.close()
 		return nil, err
 	}
+	ss.buf = ss.mr.Bytes()
+	pattern(ss.buf, serverSeed)
 	if r.test == SendBW {
 		if ss.credit, err = ss.pd.Register(make([]byte, 8), 0); err != nil {
 			ss.close()
@@ -261,6 +265,9 @@ func (ss *serverSession) connectOptions(c ConnOptions) gowarp.ConnectOptions {
 func (ss *serverSession) close() {
 	if ss.qp != nil {
 		ss.qp.Close()
+	}
+	if ss.keep && ss.buf != nil {
+		ss.buf = bytes.Clone(ss.buf) // the memory goes with the region
 	}
 	for _, mr := range []*gowarp.MR{ss.mr, ss.credit} {
 		if mr != nil {

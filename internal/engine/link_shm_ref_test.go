@@ -1,0 +1,209 @@
+//go:build linux
+
+package engine
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/gowarp/gowarp/internal/cm"
+	"github.com/gowarp/gowarp/internal/mem"
+	"golang.org/x/sys/unix"
+)
+
+// TestAdapterSharedMemoryLinkByReference: vectors from shared memory
+// (mem.RegisterShared) cross by reference, the rest inline, mixed in
+// random sizes and read in random pieces: the stream arrives intact and
+// in order; a segment deregistered on the way is forgotten by the
+// reader, and Unacked counts stream bytes, not ring bytes.
+func TestAdapterSharedMemoryLinkByReference(t *testing.T) {
+	ini, rsp := shmLinks(t, cm.ShmMinRing)
+	tbl := mem.NewTable()
+	const segSize = 1 << 20
+	var segs [3]*mem.Region
+	for i := range segs {
+		r, err := tbl.RegisterShared(1, segSize, mem.LocalWrite, mem.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		segs[i] = r
+		b := r.Bytes()
+		for j := range b {
+			b[j] = byte(i*31 + j*7 + j>>9)
+		}
+	}
+	local := make([]byte, segSize)
+	for j := range local {
+		local[j] = byte(j * 13)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	var pieces [][]byte
+	total := 0
+	for total < 8<<20 {
+		n := rng.IntN(200_000) + 1
+		src := local
+		if rng.IntN(3) > 0 {
+			src = segs[rng.IntN(2)].Bytes() // segs[2] comes at the end
+		}
+		off := rng.IntN(segSize - n + 1)
+		pieces = append(pieces, src[off:off+n])
+		total += n
+	}
+	last := segs[2].Bytes()[100 : 100+300_000]
+	var want []byte
+	for _, p := range pieces {
+		want = append(want, p...)
+	}
+	want = append(want, last...)
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < len(pieces); {
+			k := min(len(pieces)-i, 1+rng.IntN(4))
+			vec := append([][]byte(nil), pieces[i:i+k]...)
+			for len(vec) > 0 {
+				n, err := ini.Writev(vec, nil, true)
+				if err != nil {
+					done <- err
+					return
+				}
+				for n > 0 {
+					if n >= len(vec[0]) {
+						n -= len(vec[0])
+						vec = vec[1:]
+					} else {
+						vec[0] = vec[0][n:]
+						n = 0
+					}
+				}
+			}
+			i += k
+		}
+		// A segment told to the peer goes: the next write tells it so.
+		if err := segs[0].Deregister(); err != nil {
+			done <- err
+			return
+		}
+		for b := last; len(b) > 0; {
+			n, err := ini.Writev([][]byte{b}, nil, true)
+			if err != nil {
+				done <- err
+				return
+			}
+			b = b[n:]
+		}
+		done <- nil
+	}()
+	got := make([]byte, 0, len(want))
+	buf := make([]byte, 150_000)
+	rrng := rand.New(rand.NewPCG(9, 10))
+	for len(got) < len(want) {
+		k := rrng.IntN(len(buf)-1) + 1
+		var n int
+		var err error
+		if rrng.IntN(2) == 0 {
+			n, err = rsp.Readv([][]byte{buf[:k]})
+		} else {
+			n, err = rsp.Readv([][]byte{buf[:k/3], buf[k/3 : k]})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		i := 0
+		for i < len(got) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("bytes differ from byte %d of %d", i, len(want))
+	}
+	if un, err := ini.Unacked(); un != 0 || err != nil {
+		t.Fatalf("unacked %d, %v after all was read", un, err)
+	}
+	if _, ok := rsp.segs[segs[0].SharedID()]; ok {
+		t.Error("the reader still maps the deregistered segment")
+	}
+	if len(rsp.segs) != 2 {
+		t.Errorf("the reader maps %d segments, want 2", len(rsp.segs))
+	}
+	for _, r := range segs[1:] {
+		if err := r.Deregister(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAdapterSharedMemoryLinkBadRecords: records no gowarp writer makes,
+// put in the ring by a hostile peer, fail the read with a clear error:
+// no panic, no fault, no hang.
+func TestAdapterSharedMemoryLinkBadRecords(t *testing.T) {
+	plain, err := unix.MemfdCreate("plain", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(plain)
+	unix.Ftruncate(plain, 1<<16)
+	var st unix.Stat_t
+	unix.Fstat(plain, &st)
+	tbl := mem.NewTable()
+	sr, err := tbl.RegisterShared(1, 1<<16, 0, mem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sr.Deregister()
+	sg, _ := mem.FindShared(sr.Bytes())
+	rec := func(kind byte, n int, body ...uint64) []byte {
+		b := make([]byte, 8)
+		b[0] = kind
+		binary.LittleEndian.PutUint32(b[4:], uint32(n))
+		for _, v := range body {
+			b = binary.LittleEndian.AppendUint64(b, v)
+		}
+		return b
+	}
+	seg := func(id uint32, pid, fd int, ino uint64, size int) []byte {
+		return rec(shmSeg, 0, uint64(id)|uint64(pid)<<32, uint64(fd), ino, uint64(size))
+	}
+	good := seg(sg.ID, sg.PID, sg.FD, sg.Ino, sg.Size)
+	for _, c := range []struct {
+		name string
+		ring []byte
+	}{
+		{"unknown kind", rec(9, 1, 0)},
+		{"reserved header bytes", append([]byte{shmInline, 1, 0, 0, 1, 0, 0, 0}, 'x')},
+		{"empty inline", rec(shmInline, 0)},
+		{"segment with a length", rec(shmSeg, 5, 0, 0, 0, 0)},
+		{"half a header", []byte{shmInline, 0, 0}},
+		{"half a reference", rec(shmRef, 10)},
+		{"reference to no segment", rec(shmRef, 10, 77, 0)},
+		{"reference past the segment", append(append([]byte{}, good...), rec(shmRef, 100, uint64(sg.ID), uint64(sg.Size-99))...)},
+		{"reference wrapping", append(append([]byte{}, good...), rec(shmRef, 100, uint64(sg.ID), ^uint64(0)-50)...)},
+		{"segment told twice", append(append([]byte{}, good...), good...)},
+		{"segment of no process", seg(1, 1<<30, 3, 1, 100)},
+		{"segment of another inode", seg(1, os.Getpid(), sg.FD, sg.Ino+1, sg.Size)},
+		{"segment of another size", seg(1, os.Getpid(), sg.FD, sg.Ino, sg.Size+4096)},
+		{"segment not sealed", seg(1, os.Getpid(), plain, st.Ino, 1<<16)},
+		{"segment of zero bytes", seg(1, os.Getpid(), sg.FD, sg.Ino, 0)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ini, rsp := shmLinks(t, cm.ShmMinRing)
+			ini.tx.set(0, c.ring)
+			ini.tx.head.Store(uint64(len(c.ring)))
+			buf := make([]byte, 4096)
+			_, err := rsp.Readv([][]byte{buf})
+			if err == nil {
+				t.Fatal("read a bad record without an error")
+			}
+			if !errors.Is(err, errShmRecord) && !bytes.Contains([]byte(err.Error()), []byte("shared memory")) {
+				t.Fatalf("error %v does not say what is wrong", err)
+			}
+		})
+	}
+}

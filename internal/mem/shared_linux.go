@@ -1,0 +1,65 @@
+//go:build linux
+
+package mem
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// RegisterShared registers n bytes of new, zeroed memory that a
+// same-host peer can map: a memfd sealed against shrinking (so that the
+// peer's mapping can never fault), mapped shared. Deregister unmaps it
+// and closes the memfd.
+func (t *Table) RegisterShared(pd uint32, n int, access Access, o Options) (*Region, error) {
+	if n <= 0 {
+		return nil, ErrEmpty
+	}
+	if access&^(LocalWrite|RemoteRead|RemoteWrite|RemoteInvalidate|RemoteAtomic) != 0 {
+		return nil, fmt.Errorf("%w: %#x", ErrBadAccess, uint8(access))
+	}
+	fd, err := unix.MemfdCreate("gowarp-mr", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("mem: register shared: memfd_create: %w", err)
+	}
+	fail := func(what string, err error) (*Region, error) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mem: register shared: %s: %w", what, err)
+	}
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		return fail("ftruncate", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return fail("seal", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fail("fstat", err)
+	}
+	m, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail("mmap", err)
+	}
+	s := &Shared{ID: sharedIDs.Add(1), PID: os.Getpid(), FD: fd, Ino: st.Ino, Size: n, mem: m}
+	r := &Region{pd: pd, access: access, table: t, shared: s}
+	if err := t.insert(r, [][]byte{m}, o); err != nil {
+		unix.Munmap(m)
+		unix.Close(fd)
+		return nil, err
+	}
+	addShared(s)
+	return r, nil
+}
+
+// free unmaps the segment and closes its memfd: the region is gone.
+func (s *Shared) free() error {
+	removeShared(s)
+	err := unix.Munmap(s.mem)
+	unix.Close(s.FD)
+	if err != nil {
+		return fmt.Errorf("mem: munmap: %w", err)
+	}
+	return nil
+}
