@@ -95,9 +95,9 @@ type shmLink struct {
 	// to the writer (the ring's tail and ltail) as rtPub and rltPub now
 	// and then (see take).
 	rt, rtPub, rlt, rltPub uint64
-	rsrc  []byte
-	segs  map[uint32][]byte
-	rrec  [shmRecMax]byte // the record being parsed
+	rsrc                   []byte
+	segs                   map[uint32][]byte
+	rrec                   [shmRecMax]byte // the record being parsed
 }
 
 // The ring carries records, each a header of 8 bytes (kind, three zero
