@@ -15,13 +15,17 @@ func TestHotPathAllocs(t *testing.T) { hotPathAllocs(t, gowarp.ConnectOptions{})
 
 // hotPathAllocs is TestHotPathAllocs over connections made with o, with
 // CRC off and on.
-func hotPathAllocs(t *testing.T, o gowarp.ConnectOptions) {
+func hotPathAllocs(t *testing.T, o gowarp.ConnectOptions) { hotPathAllocsOf(t, o, false) }
+
+// hotPathAllocsOf is hotPathAllocs with regions from PD.Alloc if alloc.
+func hotPathAllocsOf(t *testing.T, o gowarp.ConnectOptions, alloc bool) {
 	if testing.Short() {
 		t.Skip("allocation counts are meaningless under -short")
 	}
 	for _, crc := range []bool{false, true} {
 		o.CRC, o.Extensions = crc, true
 		p := newPair(t, o)
+		p.alloc = alloc
 		wantTransport(t, p, o)
 		src, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
 		dst, _ := p.reg(t, 256<<10, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite|gowarp.RemoteAtomic)

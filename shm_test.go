@@ -321,6 +321,7 @@ func TestAdapterSharedMemoryPeerCloses(t *testing.T) {
 func TestAdapterSharedMemoryHotPathAllocs(t *testing.T) {
 	o := gowarp.ConnectOptions{SharedMemory: true}
 	hotPathAllocs(t, o)
+	hotPathAllocsOf(t, o, true) // by reference
 	preparedAndProgressAllocs(t, o)
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"os"
 	"testing"
 
@@ -206,4 +207,87 @@ func TestAdapterSharedMemoryLinkBadRecords(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzShmRecords: whatever a peer puts in the ring, the reader's record
+// decoder (take) returns bytes or an error: no panic, no read outside the
+// ring or a segment, no loop without progress.
+func FuzzShmRecords(f *testing.F) {
+	tbl := mem.NewTable()
+	sr, err := tbl.RegisterShared(1, 1<<16, 0, mem.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer sr.Deregister()
+	sg, _ := mem.FindShared(sr.Bytes())
+	// Seeds: what a real writer makes (inline and reference records, a
+	// segment and its forget) and the bad records of the test above.
+	{
+		ini, _ := shmPipeLinks(f, cm.ShmMinRing)
+		ini.put([][]byte{[]byte("header"), sr.Bytes()[100 : 100+shmRefMin], []byte("trailer")})
+		f.Add(bytes.Clone(ini.tx.data[:ini.tx.head.Load()]), uint16(100))
+		f.Add(bytes.Clone(ini.tx.data[:ini.tx.head.Load()]), uint16(4999))
+	}
+	good := make([]byte, 8, shmSegLen)
+	good[0] = shmSeg
+	good = binary.LittleEndian.AppendUint32(good, sg.ID)
+	good = binary.LittleEndian.AppendUint32(good, uint32(sg.PID))
+	good = binary.LittleEndian.AppendUint32(good, uint32(sg.FD))
+	good = binary.LittleEndian.AppendUint32(good, 0)
+	good = binary.LittleEndian.AppendUint64(good, sg.Ino)
+	good = binary.LittleEndian.AppendUint64(good, uint64(sg.Size))
+	ref := []byte{shmRef, 0, 0, 0, 0x10, 0, 0, 0}
+	ref = binary.LittleEndian.AppendUint32(ref, sg.ID)
+	ref = binary.LittleEndian.AppendUint32(ref, 0)
+	ref = binary.LittleEndian.AppendUint64(ref, 7)
+	f.Add(append(append([]byte{}, good...), ref...), uint16(3))
+	f.Add([]byte{shmInline, 0, 0, 0, 3, 0, 0, 0, 'a', 'b', 'c', shmForget, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}, uint16(1))
+	f.Add([]byte{9, 0, 0, 0, 1, 0, 0, 0, 'x'}, uint16(0))
+	f.Fuzz(func(t *testing.T, ring []byte, rd uint16) {
+		ini, rsp := shmPipeLinks(t, cm.ShmMinRing)
+		ring = ring[:min(len(ring), cm.ShmMinRing)]
+		ini.tx.set(0, ring)
+		ini.tx.head.Store(uint64(len(ring)))
+		buf := make([]byte, 1+int(rd)%5000)
+		for rsp.ready(rsp.rt) {
+			rt, rleft := rsp.rt, rsp.rleft
+			limit := -1
+			if rd&1 == 0 {
+				limit = shmStagedMax
+			}
+			n, err := rsp.take([][]byte{buf[:len(buf)/2], buf[len(buf)/2:]}, limit)
+			if err != nil {
+				return
+			}
+			if n == 0 && rsp.rt == rt && rsp.rleft == rleft {
+				t.Fatalf("no progress at %d of %d ring bytes", rt, len(ring))
+			}
+		}
+	})
+}
+
+// shmPipeLinks is shmLinks over net.Pipe: for tests that never sleep on
+// the connection.
+func shmPipeLinks(t testing.TB, ring int) (ini, rsp *shmLink) {
+	t.Helper()
+	size := cm.ShmDataOff + 2*ring
+	fd, err := unix.MemfdCreate("gowarp-shm-fuzz", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	var m [2][]byte
+	for i := range m {
+		if m[i], err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := net.Pipe()
+	ini = newShmLink(a, &cm.SharedMemory{Mem: m[0], Ring: ring, Initiator: true}, 0).(*shmLink)
+	rsp = newShmLink(b, &cm.SharedMemory{Mem: m[1], Ring: ring}, 0).(*shmLink)
+	t.Cleanup(func() { ini.Close(); rsp.Close() })
+	return ini, rsp
 }
