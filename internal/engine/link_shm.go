@@ -84,6 +84,7 @@ type shmLink struct {
 	// regions freed when it last looked for dead ones among them.
 	lhead atomic.Uint64
 	told  map[uint32]*mem.Shared
+	dups  []shmDup // the memfds the reader has still to open
 	frees uint64
 	rec   [shmRecMax]byte // the writer's record being made
 	// The reader's: the record being read (rkind, with rleft of its
@@ -132,6 +133,13 @@ const (
 	// shmMaxSegs bounds the segments a peer may have mapped here.
 	shmMaxSegs = 4096
 )
+
+// shmDup is a duplicate of a segment's memfd, named in a record that
+// ends at ring position end.
+type shmDup struct {
+	fd  int
+	end uint64
+}
 
 // errShmRecord is a record in the ring that no gowarp writer makes.
 var errShmRecord = errors.New("gowarp: malformed shared-memory ring record")
@@ -247,6 +255,10 @@ func (l *shmLink) exit() {
 			unmapSeg(m)
 			delete(l.segs, id)
 		}
+		for _, d := range l.dups {
+			unix.Close(d.fd)
+		}
+		l.dups = nil
 	}
 }
 
@@ -655,9 +667,14 @@ func (l *shmLink) put(bufs [][]byte) int {
 	r := &l.tx
 	size := uint64(len(r.data))
 	h := r.head.Load() // only this side moves it
-	free := int(size - (h - r.tail.Load()))
+	tl := r.tail.Load()
+	free := int(size - (h - tl))
 	lh := l.lhead.Load()
 	win := int(shmWindow(size) - (lh - r.ltail.Load()))
+	for len(l.dups) > 0 && l.dups[0].end <= tl {
+		unix.Close(l.dups[0].fd) // the reader has mapped the segment
+		l.dups = l.dups[1:]
+	}
 	if f := mem.SharedFrees(); f != l.frees {
 		// Tell the peer of the segments gone, first: their ids are
 		// never reused, so an old forget is harmless.
@@ -689,24 +706,33 @@ func (l *shmLink) put(bufs [][]byte) int {
 		if len(b) >= shmRefMin {
 			sg, off = mem.FindShared(b)
 		}
-		if sg != nil {
-			if l.told[sg.ID] == nil {
-				if free < shmSegLen+shmRefLen {
-					break
-				}
+		if sg != nil && l.told[sg.ID] == nil {
+			if free < shmSegLen+shmRefLen {
+				break
+			}
+			// The reader opens a duplicate of the memfd, kept open until
+			// it has read the record: the region may be deregistered
+			// (its memfd closed) before the reader comes to it.
+			dup, err := unix.FcntlInt(uintptr(sg.FD), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				sg = nil // out of descriptors: the bytes go inline
+			} else {
 				rec := l.rec[:shmSegLen]
 				clear(rec)
 				l.header(rec, shmSeg, 0)
 				binary.LittleEndian.PutUint32(rec[8:], sg.ID)
 				binary.LittleEndian.PutUint32(rec[12:], uint32(sg.PID))
-				binary.LittleEndian.PutUint32(rec[16:], uint32(sg.FD))
+				binary.LittleEndian.PutUint32(rec[16:], uint32(dup))
 				binary.LittleEndian.PutUint64(rec[24:], sg.Ino)
 				binary.LittleEndian.PutUint64(rec[32:], uint64(sg.Size))
 				r.set(h, rec)
 				h += shmSegLen
 				free -= shmSegLen
 				l.told[sg.ID] = sg
+				l.dups = append(l.dups, shmDup{dup, h})
 			}
+		}
+		if sg != nil {
 			if free < shmRefLen {
 				break
 			}

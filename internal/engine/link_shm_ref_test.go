@@ -291,3 +291,43 @@ func shmPipeLinks(t testing.TB, ring int) (ini, rsp *shmLink) {
 	t.Cleanup(func() { ini.Close(); rsp.Close() })
 	return ini, rsp
 }
+
+// TestAdapterSharedMemoryLinkFreedBeforeRead: a region deregistered (its
+// memfd closed, its mapping gone) after the writer passed its bytes by
+// reference but before the reader came to them is still read whole: the
+// writer keeps a duplicate of the memfd until the reader has mapped it.
+func TestAdapterSharedMemoryLinkFreedBeforeRead(t *testing.T) {
+	ini, rsp := shmLinks(t, cm.ShmMinRing)
+	tbl := mem.NewTable()
+	r, err := tbl.RegisterShared(1, 1<<20, mem.LocalWrite, mem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range r.Bytes() {
+		r.Bytes()[i] = byte(i * 3)
+	}
+	want := bytes.Clone(r.Bytes()[4096 : 4096+200_000])
+	if n, err := ini.Writev([][]byte{r.Bytes()[4096 : 4096+200_000]}, nil, true); n != len(want) || err != nil {
+		t.Fatalf("wrote %d, %v", n, err)
+	}
+	if err := r.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 0, len(want))
+	buf := make([]byte, 64<<10)
+	for len(got) < len(want) {
+		n, err := rsp.Readv([][]byte{buf, buf[:0]})
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("bytes differ")
+	}
+	// The duplicate goes once the reader has the segment.
+	ini.Writev([][]byte{[]byte("x")}, nil, true)
+	if len(ini.dups) != 0 {
+		t.Errorf("%d duplicates kept after the reader mapped the segment", len(ini.dups))
+	}
+}
