@@ -23,12 +23,13 @@ type abortLink struct {
 	abort     chan struct{}
 	late      time.Duration
 	readTakes bool
+	neither   bool // EOF to the read, EPIPE to the write, both at once
 	once      sync.Once
 }
 
 func (l *abortLink) Readv([][]byte) (int, error) {
 	<-l.abort
-	if l.readTakes {
+	if l.readTakes && !l.neither {
 		time.Sleep(l.late)
 		return 0, syscall.ETIMEDOUT
 	}
@@ -40,7 +41,7 @@ func (l *abortLink) Writev(_ [][]byte, _ []int, block bool) (int, error) {
 		return 0, errWouldBlock
 	}
 	<-l.abort
-	if l.readTakes {
+	if l.readTakes || l.neither {
 		return 0, syscall.EPIPE
 	}
 	time.Sleep(l.late)
@@ -104,5 +105,45 @@ func testAbortedConnectionSaysWhy(t *testing.T, readTakes bool) {
 	}
 	if err := q.Err(); !errors.Is(err, ErrLinkTimeout) {
 		t.Errorf("Err %v, want ErrLinkTimeout, not the other side's end-of-file or EPIPE", err)
+	}
+}
+
+// TestAbortedNeitherTakes: a reset that comes after the peer's FIN
+// records EPIPE, which the write takes, and the read sees only the end:
+// each side then waits in failAborted for the other. The second to come
+// must fail the queue pair at once (a session's fail-over after its peer
+// moved paused a second so, in 7 runs of 12); with the wait made an hour
+// it hangs without that.
+func TestAbortedNeitherTakes(t *testing.T) {
+	old := abortWait
+	abortWait = time.Hour
+	defer func() { abortWait = old }()
+	table := mem.NewTable()
+	cq := NewCQ(64)
+	q, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := net.Pipe()
+	l := &abortLink{streamLink: streamLink{c: c}, abort: make(chan struct{}), neither: true}
+	if err := q.Start(l, Params{IRD: 4, ORD: 4}); err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	buf := make([]byte, 4096)
+	src, err := table.Register(1, [][]byte{buf}, 0, mem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := SendWR{ID: 1, Op: OpWrite, Flags: Signaled, SGL: []SGE{{MR: src, Length: len(buf)}}, RKey: 0x100}
+	if err := q.PostSend(&wr); err != nil {
+		t.Fatal(err)
+	}
+	close(l.abort)
+	if c := next(t, cq); c.Status != WRFlushError {
+		t.Errorf("Write completed %v, want flushed", c.Status)
+	}
+	if err := q.Err(); !errors.Is(err, ErrLinkLost) {
+		t.Errorf("Err %v, want ErrLinkLost", err)
 	}
 }

@@ -282,15 +282,17 @@ type QP struct {
 	// the last inline waiter's ctx.Done, if any, written under rxMu and
 	// waitMu (the watcher reads it under waitMu). watched is the
 	// watcher's flag: q is in its list.
-	rxHand   chan struct{}
-	rxInline atomic.Bool
-	waitMu   sync.Mutex
-	waitDone <-chan struct{}
-	watched  atomic.Bool
-	rxDL     time.Time    // the read deadline the holder of the path last set
-	rxWakes  atomic.Int64 // times the receive goroutine woke to take the path (tests)
-	dcLooks  atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
-	rxStaged atomic.Bool  // the receive path holds a staging buffer (tests)
+	rxHand chan struct{}
+	// abortWaits counts the sides (read, write) in failAborted.
+	abortWaits atomic.Int32
+	rxInline   atomic.Bool
+	waitMu     sync.Mutex
+	waitDone   <-chan struct{}
+	watched    atomic.Bool
+	rxDL       time.Time    // the read deadline the holder of the path last set
+	rxWakes    atomic.Int64 // times the receive goroutine woke to take the path (tests)
+	dcLooks    atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
+	rxStaged   atomic.Bool  // the receive path holds a staging buffer (tests)
 
 	peerData []byte
 	// abort, under mu, cancels a Connect or Accept under way.

@@ -199,7 +199,7 @@ type aborter interface {
 // abortWait bounds how long a read or write that met an aborted
 // connection waits for the other, which took its error, to fail the queue
 // pair with it.
-const abortWait = time.Second
+var abortWait = time.Second // a var for tests
 
 // failAborted reports whether TCP ended the connection itself (it timed
 // out, or was reset) and the error it recorded went to another system
@@ -212,6 +212,14 @@ func (q *QP) failAborted(fallback error) bool {
 	a, ok := q.link.(aborter)
 	if !ok || !a.Aborted() {
 		return false
+	}
+	if q.abortWaits.Add(1) > 1 {
+		// The other side is here too, waiting for this one: neither holds
+		// more than the end (a reset after the peer's FIN records EPIPE,
+		// which the write took). Waiting on each other cost a second
+		// (a session's fail-over after its peer moved paused so).
+		q.fail(fallback)
+		return true
 	}
 	t := time.NewTimer(abortWait)
 	select {
