@@ -59,11 +59,20 @@ type tapConn struct {
 	sent bytes.Buffer
 }
 
+// Write records b before it writes it: the peer's answer to it can
+// complete work, and the test read the record, before a Write that
+// recorded after returned (TestImmWire missed its Atomic Request so, once
+// under -race).
 func (c *tapConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
 	c.mu.Lock()
-	c.sent.Write(b[:n])
+	c.sent.Write(b)
 	c.mu.Unlock()
+	n, err := c.Conn.Write(b)
+	if n < len(b) {
+		c.mu.Lock()
+		c.sent.Truncate(c.sent.Len() - (len(b) - n))
+		c.mu.Unlock()
+	}
 	return n, err
 }
 

@@ -63,7 +63,12 @@ func TestAdapterSharedMemoryChild(t *testing.T) {
 	}
 	stag, addr := binary.BigEndian.Uint32(pdata), binary.BigEndian.Uint64(pdata[4:])
 	// Stream Writes back until killed.
-	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: 64 << 10}}, RemoteAddr: addr, RKey: stag}
+	// From a region of its own: the peer's Writes land in mr meanwhile.
+	src, err := pd.Register(make([]byte, 64<<10), 0)
+	if err != nil {
+		fail(err)
+	}
+	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 64 << 10}}, RemoteAddr: addr, RKey: stag}
 	var wc [16]gowarp.Completion
 	for i := 0; ; i++ {
 		wr.Flags = 0
