@@ -78,6 +78,16 @@ func TestAbortedConnectionSaysWhy(t *testing.T) {
 // that did (TestLinkTimeoutWindowClosed saw the write's EPIPE overtake the
 // read's ETIMEDOUT in 1 run of CI's), decides the queue pair's error.
 func testAbortedConnectionSaysWhy(t *testing.T, readTakes bool) {
+	l := &abortLink{abort: make(chan struct{}), late: 20 * time.Millisecond, readTakes: readTakes}
+	if err := abortUnderWrite(t, l); !errors.Is(err, ErrLinkTimeout) {
+		t.Errorf("Err %v, want ErrLinkTimeout, not the other side's end-of-file or EPIPE", err)
+	}
+}
+
+// abortUnderWrite starts a queue pair on l, posts a Write that blocks,
+// aborts l, checks that the Write is flushed and returns the queue
+// pair's error.
+func abortUnderWrite(t *testing.T, l *abortLink) error {
 	table := mem.NewTable()
 	cq := NewCQ(64)
 	q, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: table})
@@ -85,7 +95,7 @@ func testAbortedConnectionSaysWhy(t *testing.T, readTakes bool) {
 		t.Fatal(err)
 	}
 	c, _ := net.Pipe()
-	l := &abortLink{streamLink: streamLink{c: c}, abort: make(chan struct{}), late: 20 * time.Millisecond, readTakes: readTakes}
+	l.streamLink = streamLink{c: c}
 	if err := q.Start(l, Params{IRD: 4, ORD: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -103,9 +113,7 @@ func testAbortedConnectionSaysWhy(t *testing.T, readTakes bool) {
 	if c := next(t, cq); c.Status != WRFlushError {
 		t.Errorf("Write completed %v, want flushed", c.Status)
 	}
-	if err := q.Err(); !errors.Is(err, ErrLinkTimeout) {
-		t.Errorf("Err %v, want ErrLinkTimeout, not the other side's end-of-file or EPIPE", err)
-	}
+	return q.Err()
 }
 
 // TestAbortedNeitherTakes: a reset that comes after the peer's FIN
@@ -118,32 +126,7 @@ func TestAbortedNeitherTakes(t *testing.T) {
 	old := abortWait
 	abortWait = time.Hour
 	defer func() { abortWait = old }()
-	table := mem.NewTable()
-	cq := NewCQ(64)
-	q, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: table})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := net.Pipe()
-	l := &abortLink{streamLink: streamLink{c: c}, abort: make(chan struct{}), neither: true}
-	if err := q.Start(l, Params{IRD: 4, ORD: 4}); err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	buf := make([]byte, 4096)
-	src, err := table.Register(1, [][]byte{buf}, 0, mem.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wr := SendWR{ID: 1, Op: OpWrite, Flags: Signaled, SGL: []SGE{{MR: src, Length: len(buf)}}, RKey: 0x100}
-	if err := q.PostSend(&wr); err != nil {
-		t.Fatal(err)
-	}
-	close(l.abort)
-	if c := next(t, cq); c.Status != WRFlushError {
-		t.Errorf("Write completed %v, want flushed", c.Status)
-	}
-	if err := q.Err(); !errors.Is(err, ErrLinkLost) {
+	if err := abortUnderWrite(t, &abortLink{abort: make(chan struct{}), neither: true}); !errors.Is(err, ErrLinkLost) {
 		t.Errorf("Err %v, want ErrLinkLost", err)
 	}
 }

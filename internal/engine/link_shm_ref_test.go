@@ -270,21 +270,7 @@ func FuzzShmRecords(f *testing.F) {
 // the connection.
 func shmPipeLinks(t testing.TB, ring int) (ini, rsp *shmLink) {
 	t.Helper()
-	size := cm.ShmDataOff + 2*ring
-	fd, err := unix.MemfdCreate("gowarp-shm-fuzz", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		t.Fatal(err)
-	}
-	var m [2][]byte
-	for i := range m {
-		if m[i], err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m := shmFile(t, ring)
 	a, b := net.Pipe()
 	ini = newShmLink(a, &cm.SharedMemory{Mem: m[0], Ring: ring, Initiator: true}, 0).(*shmLink)
 	rsp = newShmLink(b, &cm.SharedMemory{Mem: m[1], Ring: ring}, 0).(*shmLink)

@@ -18,10 +18,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// shmLinks returns the two ends of a shared-memory link with rings of
-// ring bytes over a memfd mapped twice, and a loopback TCP
-// connection as its liveness channel.
-func shmLinks(t *testing.T, ring int) (ini, rsp *shmLink) {
+// shmFile returns two mappings of a memfd sized for rings of ring bytes,
+// as two processes have: each link unmaps its own.
+func shmFile(t testing.TB, ring int) (mem [2][]byte) {
 	t.Helper()
 	size := cm.ShmDataOff + 2*ring
 	fd, err := unix.MemfdCreate("gowarp-shm-test", unix.MFD_CLOEXEC)
@@ -32,14 +31,20 @@ func shmLinks(t *testing.T, ring int) (ini, rsp *shmLink) {
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		t.Fatal(err)
 	}
-	// Two mappings of one file, as two processes have: each link unmaps
-	// its own.
-	var mem [2][]byte
 	for i := range mem {
 		if mem[i], err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return mem
+}
+
+// shmLinks returns the two ends of a shared-memory link with rings of
+// ring bytes over a memfd mapped twice, and a loopback TCP
+// connection as its liveness channel.
+func shmLinks(t *testing.T, ring int) (ini, rsp *shmLink) {
+	t.Helper()
+	mem := shmFile(t, ring)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
