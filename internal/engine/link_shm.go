@@ -87,10 +87,9 @@ type shmLink struct {
 	dups  []shmDup // the memfds the reader has still to open
 	frees uint64
 	rec   [shmRecMax]byte // the writer's record being made
-	// The reader's: the record being read (rkind, with rleft of its
-	// stream bytes left, from rsrc for a reference) and the peer's
-	// segments mapped here.
-	rkind byte
+	// The reader's: the record being read (rleft of its stream bytes
+	// left; rsrc holds them if it is a reference, nil if inline) and
+	// the peer's segments mapped here.
 	rleft int
 	// rt and rlt are the reader's ring tail and stream bytes read, given
 	// to the writer (the ring's tail and ltail) as rtPub and rltPub now
@@ -133,6 +132,9 @@ const (
 	// shmMaxSegs bounds the segments a peer may have mapped here.
 	shmMaxSegs = 4096
 )
+
+// shmRecLen is each kind's record length, 0 for no kind.
+var shmRecLen = [...]int{shmInline: shmHdr, shmRef: shmRefLen, shmSeg: shmSegLen, shmForget: shmFgtLen}
 
 // shmDup is a duplicate of a segment's memfd, named in a record that
 // ends at ring position end.
@@ -251,10 +253,10 @@ func (l *shmLink) enter() bool {
 func (l *shmLink) exit() {
 	if l.refs.Add(-1) == shmClosed {
 		l.m.Unmap()
-		for id, m := range l.segs {
-			unmapSeg(m)
-			delete(l.segs, id)
+		for _, m := range l.segs {
+			unix.Munmap(m)
 		}
+		l.segs = nil
 		for _, d := range l.dups {
 			unix.Close(d.fd)
 		}
@@ -296,8 +298,7 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 		if past(l.rdl.Load()) {
 			return 0, os.ErrDeadlineExceeded
 		}
-		t := l.rt
-		if l.ready(t) {
+		if l.ready() {
 			shmAcquire(r.race)
 			n, err := l.take(bufs, limit)
 			if err != nil {
@@ -335,7 +336,7 @@ func (l *shmLink) Readv(bufs [][]byte) (int, error) {
 		// peer goes (EOF, a reset), a deadline passes or Close.
 		l.rsleeps++
 		r.rwait.Store(1)
-		if l.ready(t) {
+		if l.ready() {
 			r.rwait.Store(0)
 			continue
 		}
@@ -484,15 +485,8 @@ func (l *shmLink) take(bufs [][]byte, limit int) (int, error) {
 				return 0, errShmRecord
 			}
 			size := 0
-			switch kind {
-			case shmInline:
-				size = shmHdr
-			case shmRef:
-				size = shmRefLen
-			case shmSeg:
-				size = shmSegLen
-			case shmForget:
-				size = shmFgtLen
+			if int(kind) < len(shmRecLen) {
+				size = shmRecLen[kind]
 			}
 			if size == 0 || (n == 0) != (kind == shmSeg || kind == shmForget) {
 				return 0, errShmRecord
@@ -505,14 +499,14 @@ func (l *shmLink) take(bufs [][]byte, limit int) (int, error) {
 			t += uint64(size)
 			switch kind {
 			case shmInline:
-				l.rkind, l.rleft = shmInline, n
+				l.rleft, l.rsrc = n, nil
 			case shmRef:
 				id, off := binary.LittleEndian.Uint32(body), binary.LittleEndian.Uint64(body[8:])
 				m, ok := l.segs[id]
 				if !ok || binary.LittleEndian.Uint32(body[4:]) != 0 || off > uint64(len(m)) || uint64(n) > uint64(len(m))-off {
 					return 0, errShmRecord
 				}
-				l.rkind, l.rleft, l.rsrc = shmRef, n, m[off:off+uint64(n)]
+				l.rleft, l.rsrc = n, m[off:off+uint64(n)]
 			case shmSeg:
 				if err := l.mapSeg(body); err != nil {
 					return 0, err
@@ -520,14 +514,14 @@ func (l *shmLink) take(bufs [][]byte, limit int) (int, error) {
 			case shmForget:
 				id := binary.LittleEndian.Uint32(body)
 				if m, ok := l.segs[id]; ok {
-					unmapSeg(m)
+					unix.Munmap(m)
 					delete(l.segs, id)
 				}
 			}
 			continue
 		}
 		k := min(l.rleft, want-done)
-		if l.rkind == shmRef {
+		if l.rsrc != nil {
 			k = sc.put(l.rsrc[:k])
 			l.rsrc = l.rsrc[k:]
 		} else {
@@ -545,16 +539,13 @@ func (l *shmLink) take(bufs [][]byte, limit int) (int, error) {
 		l.rleft -= k
 		done += k
 	}
-	if l.rleft == 0 {
-		l.rsrc = nil
-	}
 	l.rt = t
 	l.rlt += uint64(done)
 	// The counters go to the writer when the ring is empty (the reader is
 	// about to wait) or has moved far: each store to a line the writer
 	// reads waits for the line to come back from the writer's core, and
 	// one per record, four per FPDU, cost 1 MiB write_bw a fifth.
-	if !l.ready(t) || t-l.rtPub >= uint64(len(r.data))/4 || l.rlt-l.rltPub >= shmWindow(uint64(len(r.data)))/8 {
+	if !l.ready() || t-l.rtPub >= uint64(len(r.data))/4 || l.rlt-l.rltPub >= shmWindow(uint64(len(r.data)))/8 {
 		l.tell()
 	}
 	return done, nil
@@ -573,10 +564,10 @@ func (l *shmLink) tell() {
 	}
 }
 
-// ready reports whether the reader has stream bytes to take, the ring's
-// tail being t: records in the ring, or a reference's bytes left.
-func (l *shmLink) ready(t uint64) bool {
-	return l.rx.head.Load() != t || (l.rleft > 0 && l.rkind == shmRef)
+// ready reports whether the reader has stream bytes to take: records in
+// the ring, or a reference's bytes left.
+func (l *shmLink) ready() bool {
+	return l.rx.head.Load() != l.rt || len(l.rsrc) > 0
 }
 
 // scatter copies into bufs in order.
@@ -658,19 +649,18 @@ func mapPeerSeg(pid, fd int, ino uint64, size int) ([]byte, error) {
 	return m, nil
 }
 
-func unmapSeg(m []byte) { unix.Munmap(m) }
-
 // put writes bufs to the ring as records, as far as the ring and the
-// window (the ring's size in stream bytes not yet read, as inline bytes
-// alone would allow) have room, and returns the stream bytes written.
-func (l *shmLink) put(bufs [][]byte) int {
+// window (see shmWindow) have room, and returns the stream bytes written
+// and the reader's counters it saw (the ring's tail and ltail), for a
+// writer that found no room to wait on.
+func (l *shmLink) put(bufs [][]byte) (n int, tl, lt uint64) {
 	r := &l.tx
 	size := uint64(len(r.data))
 	h := r.head.Load() // only this side moves it
-	tl := r.tail.Load()
+	tl, lt = r.tail.Load(), r.ltail.Load()
 	free := int(size - (h - tl))
 	lh := l.lhead.Load()
-	win := int(shmWindow(size) - (lh - r.ltail.Load()))
+	win := int(shmWindow(size) - (lh - lt))
 	for len(l.dups) > 0 && l.dups[0].end <= tl {
 		unix.Close(l.dups[0].fd) // the reader has mapped the segment
 		l.dups = l.dups[1:]
@@ -680,9 +670,7 @@ func (l *shmLink) put(bufs [][]byte) int {
 		// never reused, so an old forget is harmless.
 		for id, sg := range l.told {
 			if sg.Dead() && free >= shmFgtLen {
-				rec := l.rec[:shmFgtLen]
-				clear(rec)
-				l.header(rec, shmForget, 0)
+				rec := l.record(shmForget, 0)
 				binary.LittleEndian.PutUint32(rec[8:], id)
 				r.set(h, rec)
 				h += shmFgtLen
@@ -695,6 +683,10 @@ func (l *shmLink) put(bufs [][]byte) int {
 		}
 	}
 	done, published := 0, 0
+	// next is the segment of bufs[i] when the scan of an inline run found
+	// it (nextAt: i), so that it is not looked up twice.
+	var next *mem.Shared
+	nextAt, nextOff := -1, 0
 	for i := 0; i < len(bufs) && win > done; {
 		b := bufs[i]
 		if len(b) == 0 {
@@ -703,7 +695,9 @@ func (l *shmLink) put(bufs [][]byte) int {
 		}
 		var sg *mem.Shared
 		var off int
-		if len(b) >= shmRefMin {
+		if nextAt == i {
+			sg, off = next, nextOff
+		} else if len(b) >= shmRefMin {
 			sg, off = mem.FindShared(b)
 		}
 		if sg != nil && l.told[sg.ID] == nil {
@@ -717,9 +711,7 @@ func (l *shmLink) put(bufs [][]byte) int {
 			if err != nil {
 				sg = nil // out of descriptors: the bytes go inline
 			} else {
-				rec := l.rec[:shmSegLen]
-				clear(rec)
-				l.header(rec, shmSeg, 0)
+				rec := l.record(shmSeg, 0)
 				binary.LittleEndian.PutUint32(rec[8:], sg.ID)
 				binary.LittleEndian.PutUint32(rec[12:], uint32(sg.PID))
 				binary.LittleEndian.PutUint32(rec[16:], uint32(dup))
@@ -737,9 +729,7 @@ func (l *shmLink) put(bufs [][]byte) int {
 				break
 			}
 			k := min(len(b), win-done)
-			rec := l.rec[:shmRefLen]
-			clear(rec)
-			l.header(rec, shmRef, k)
+			rec := l.record(shmRef, k)
 			binary.LittleEndian.PutUint32(rec[8:], sg.ID)
 			binary.LittleEndian.PutUint64(rec[16:], uint64(off))
 			r.set(h, rec)
@@ -761,20 +751,18 @@ func (l *shmLink) put(bufs [][]byte) int {
 		if free <= shmHdr {
 			break
 		}
-		run, j := len(b), i+1
-		for ; j < len(bufs); j++ {
+		run := len(b)
+		for j := i + 1; j < len(bufs); j++ {
 			if v := bufs[j]; len(v) >= shmRefMin {
-				if sg, _ := mem.FindShared(v); sg != nil {
+				if sg, off := mem.FindShared(v); sg != nil {
+					next, nextAt, nextOff = sg, j, off
 					break
 				}
 			}
 			run += len(bufs[j])
 		}
 		k := min(run, free-shmHdr, win-done)
-		hdr := l.rec[:shmHdr]
-		clear(hdr)
-		l.header(hdr, shmInline, k)
-		r.set(h, hdr)
+		r.set(h, l.record(shmInline, k))
 		h += shmHdr
 		free -= shmHdr + k
 		for c := 0; c < k; {
@@ -799,7 +787,7 @@ func (l *shmLink) put(bufs [][]byte) int {
 	if h != r.head.Load() {
 		l.publish(h, lh+uint64(done))
 	}
-	return done
+	return done, tl, lt
 }
 
 // anyDead reports whether a segment told to the peer is gone.
@@ -812,10 +800,14 @@ func (l *shmLink) anyDead() bool {
 	return false
 }
 
-// header fills a record's header.
-func (l *shmLink) header(rec []byte, kind byte, n int) {
+// record returns the writer's record buffer cut to kind's length,
+// zeroed, with its header for n stream bytes.
+func (l *shmLink) record(kind byte, n int) []byte {
+	rec := l.rec[:shmRecLen[kind]]
+	clear(rec)
 	rec[0] = kind
 	binary.LittleEndian.PutUint32(rec[4:], uint32(n))
+	return rec
 }
 
 // publish moves the head to h, with lh stream bytes written, and rings a
@@ -845,8 +837,8 @@ func (l *shmLink) Writev(bufs [][]byte, _ []int, block bool) (int, error) {
 		if past(l.wdl.Load()) {
 			return 0, os.ErrDeadlineExceeded
 		}
-		t, lt := r.tail.Load(), r.ltail.Load()
-		if n := l.put(bufs); n > 0 {
+		n, t, lt := l.put(bufs)
+		if n > 0 {
 			return n, nil
 		}
 		if l.refs.Load()&shmClosed != 0 {
@@ -996,4 +988,4 @@ func shmWindow(size uint64) uint64 { return max(size, shmWindowMin) }
 // only the ring's bytes (1 MiB by default) let one 1 MiB Write at a time
 // be in flight: the writer waited for the reader's copy, the reader for
 // the writer's next record.
-var shmWindowMin uint64 = 8 << 20
+const shmWindowMin = 8 << 20

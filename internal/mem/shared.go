@@ -47,25 +47,23 @@ func FindShared(b []byte) (*Shared, int) {
 	}
 	segs := *p
 	a := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	i, j := 0, len(segs)
-	for i < j { // the first segment that starts after a
-		h := int(uint(i+j) >> 1)
-		if uintptr(unsafe.Pointer(unsafe.SliceData(segs[h].mem))) <= a {
-			i = h + 1
-		} else {
-			j = h
+	i, found := slices.BinarySearchFunc(segs, a, func(s *Shared, a uintptr) int { return cmp.Compare(s.base(), a) })
+	if !found {
+		if i == 0 {
+			return nil, 0
 		}
+		i--
 	}
-	if i == 0 {
-		return nil, 0
-	}
-	s := segs[i-1]
-	off := int(a - uintptr(unsafe.Pointer(unsafe.SliceData(s.mem))))
+	s := segs[i]
+	off := int(a - s.base())
 	if off+len(b) > len(s.mem) {
 		return nil, 0
 	}
 	return s, off
 }
+
+// base is the address of the segment's first byte.
+func (s *Shared) base() uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(s.mem))) }
 
 func addShared(s *Shared) {
 	sharedMu.Lock()
@@ -76,7 +74,7 @@ func addShared(s *Shared) {
 	}
 	segs = append(segs, s)
 	slices.SortFunc(segs, func(x, y *Shared) int {
-		return cmp.Compare(uintptr(unsafe.Pointer(unsafe.SliceData(x.mem))), uintptr(unsafe.Pointer(unsafe.SliceData(y.mem))))
+		return cmp.Compare(x.base(), y.base())
 	})
 	sharedSegs.Store(&segs)
 }
@@ -92,15 +90,4 @@ func removeShared(s *Shared) {
 	sharedSegs.Store(&segs)
 	s.dead.Store(true)
 	sharedFrees.Add(1)
-}
-
-// IsShared reports whether the region's memory is shared (RegisterShared).
-func (r *Region) IsShared() bool { return r.shared != nil }
-
-// SharedID returns the segment id of a shared region, 0 for others.
-func (r *Region) SharedID() uint32 {
-	if r.shared == nil {
-		return 0
-	}
-	return r.shared.ID
 }

@@ -17,9 +17,6 @@ func (t *Table) RegisterShared(pd uint32, n int, access Access, o Options) (*Reg
 	if n <= 0 {
 		return nil, ErrEmpty
 	}
-	if access&^(LocalWrite|RemoteRead|RemoteWrite|RemoteInvalidate|RemoteAtomic) != 0 {
-		return nil, fmt.Errorf("%w: %#x", ErrBadAccess, uint8(access))
-	}
 	fd, err := unix.MemfdCreate("gowarp-mr", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("mem: register shared: memfd_create: %w", err)
@@ -42,14 +39,15 @@ func (t *Table) RegisterShared(pd uint32, n int, access Access, o Options) (*Reg
 	if err != nil {
 		return fail("mmap", err)
 	}
-	s := &Shared{ID: sharedIDs.Add(1), PID: os.Getpid(), FD: fd, Ino: st.Ino, Size: n, mem: m}
-	r := &Region{pd: pd, access: access, table: t, shared: s}
-	if err := t.insert(r, [][]byte{m}, o); err != nil {
+	r, err := t.Register(pd, [][]byte{m}, access, o)
+	if err != nil {
 		unix.Munmap(m)
 		unix.Close(fd)
 		return nil, err
 	}
-	addShared(s)
+	// Set before the caller has r: only its Deregister reads it.
+	r.shared = &Shared{ID: sharedIDs.Add(1), PID: os.Getpid(), FD: fd, Ino: st.Ino, Size: n, mem: m}
+	addShared(r.shared)
 	return r, nil
 }
 
