@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -87,6 +88,11 @@ type shmLink struct {
 	dups  []shmDup // the memfds the reader has still to open
 	frees uint64
 	rec   [shmRecMax]byte // the writer's record being made
+	// byRef is whether the peer can map this side's memory (see
+	// shmProbe), refsSet whether its reader has said: until it has, and
+	// if it cannot, every byte goes inline.
+	byRef   bool
+	refsSet bool
 	// The reader's: the record being read (rleft of its stream bytes
 	// left; rsrc holds them if it is a reference, nil if inline) and
 	// the peer's segments mapped here.
@@ -97,6 +103,7 @@ type shmLink struct {
 	rt, rtPub, rlt, rltPub uint64
 	rsrc                   []byte
 	segs                   map[uint32][]byte
+	probed                 bool            // the peer's probe was tried
 	rrec                   [shmRecMax]byte // the record being parsed
 }
 
@@ -154,11 +161,16 @@ type shmRing struct {
 	// ltail is the stream bytes ever read (the ring's bytes are records
 	// of them): what the writer's Unacked and its window look at.
 	ltail *atomic.Uint64
-	rwait *atomic.Uint32 // the reader sleeps on the connection
-	wwait *atomic.Uint32 // the writer sleeps on tail's futex
-	data  []byte
-	mask  uint64
-	race  unsafe.Pointer // the race detector's stand-in for the head (link_shm_race.go)
+	// probe is the writer's probe (see shmProbe): PID, FD (32 bits
+	// each) and inode at probe[1:], made valid by probe[0] = 1 last;
+	// verdict is the reader's answer, shmRefsOK or shmRefsNo.
+	probe   *[4]atomic.Uint64
+	verdict *atomic.Uint32
+	rwait   *atomic.Uint32 // the reader sleeps on the connection
+	wwait   *atomic.Uint32 // the writer sleeps on tail's futex
+	data    []byte
+	mask    uint64
+	race    unsafe.Pointer // the race detector's stand-in for the head (link_shm_race.go)
 }
 
 const (
@@ -211,13 +223,15 @@ const (
 func newShmRing(ctrl, data []byte) shmRing {
 	p := unsafe.Pointer(&ctrl[0])
 	return shmRing{
-		head:  (*atomic.Uint64)(p),
-		tail:  (*atomic.Uint64)(unsafe.Add(p, 128)),
-		ltail: (*atomic.Uint64)(unsafe.Add(p, 512)),
-		rwait: (*atomic.Uint32)(unsafe.Add(p, 256)),
-		wwait: (*atomic.Uint32)(unsafe.Add(p, 384)),
-		data:  data,
-		mask:  uint64(len(data) - 1),
+		head:    (*atomic.Uint64)(p),
+		tail:    (*atomic.Uint64)(unsafe.Add(p, 128)),
+		ltail:   (*atomic.Uint64)(unsafe.Add(p, 512)),
+		probe:   (*[4]atomic.Uint64)(unsafe.Add(p, 640)),
+		verdict: (*atomic.Uint32)(unsafe.Add(p, 768)),
+		rwait:   (*atomic.Uint32)(unsafe.Add(p, 256)),
+		wwait:   (*atomic.Uint32)(unsafe.Add(p, 384)),
+		data:    data,
+		mask:    uint64(len(data) - 1),
 	}
 }
 
@@ -232,6 +246,12 @@ func newShmLink(c net.Conn, m *cm.SharedMemory, full time.Duration) Link {
 	l.tx, l.rx = in, out
 	if !m.Initiator {
 		l.tx, l.rx = out, in
+	}
+	if p, err := shmProbe(); err == nil {
+		l.tx.probe[1].Store(uint64(p.PID) | uint64(p.FD)<<32)
+		l.tx.probe[2].Store(p.Ino)
+		l.tx.probe[3].Store(uint64(p.Size))
+		l.tx.probe[0].Store(1)
 	}
 	return l
 }
@@ -454,6 +474,9 @@ func (l *shmLink) adapt(slept bool) {
 // bytes out of the ring, referenced ones out of the writer's segment.
 func (l *shmLink) take(bufs [][]byte, limit int) (int, error) {
 	r := &l.rx
+	if !l.probed && r.probe[0].Load() == 1 {
+		l.answerProbe()
+	}
 	h, t := r.head.Load(), l.rt
 	want := 0
 	for _, b := range bufs {
@@ -628,26 +651,84 @@ func (l *shmLink) mapSeg(body []byte) error {
 
 // mapPeerSeg maps a peer's shared segment of size bytes, read only.
 func mapPeerSeg(pid, fd int, ino uint64, size int) ([]byte, error) {
-	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
-	f, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	f, path, err := openPeer(pid, fd, ino, size)
 	if err != nil {
-		return nil, fmt.Errorf("gowarp: shared memory: the peer's memory %s: %w (the peers must run as the same user, in one PID namespace)", path, err)
+		return nil, err
 	}
 	defer unix.Close(f)
-	var st unix.Stat_t
-	if err := unix.Fstat(f, &st); err != nil {
-		return nil, fmt.Errorf("gowarp: shared memory: the peer's memory %s: %w", path, err)
-	}
-	seals, err := unix.FcntlInt(uintptr(f), unix.F_GET_SEALS, 0)
-	if err != nil || st.Ino != ino || st.Size != int64(size) || seals&unix.F_SEAL_SHRINK == 0 {
-		return nil, fmt.Errorf("gowarp: shared memory: %s is not the peer's sealed memory of %d bytes", path, size)
-	}
 	m, err := unix.Mmap(f, 0, size, unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("gowarp: shared memory: mapping the peer's memory %s: %w", path, err)
 	}
 	return m, nil
 }
+
+// openPeer opens a peer's memfd, read only, after checking that it is
+// the sealed memory of size bytes and inode ino the peer named.
+func openPeer(pid, fd int, ino uint64, size int) (int, string, error) {
+	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
+	f, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, path, fmt.Errorf("gowarp: shared memory: the peer's memory %s: %w (the peers must run as the same user, in one PID namespace)", path, err)
+	}
+	var st unix.Stat_t
+	err = unix.Fstat(f, &st)
+	seals, serr := unix.FcntlInt(uintptr(f), unix.F_GET_SEALS, 0)
+	if err != nil || serr != nil || st.Ino != ino || st.Size != int64(size) || seals&unix.F_SEAL_SHRINK == 0 {
+		unix.Close(f)
+		return -1, path, fmt.Errorf("gowarp: shared memory: %s is not the peer's sealed memory of %d bytes", path, size)
+	}
+	return f, path, nil
+}
+
+// Verdicts of a reader on its writer's probe.
+const (
+	shmRefsOK = 1
+	shmRefsNo = 2
+)
+
+// answerProbe tries the writer's probe once: whether this side can open
+// the writer's memory as it would a segment's (same user, same PID
+// namespace). The writer sends by reference only after a yes, so peers
+// that cannot (containers sharing /dev/shm but not PIDs) keep to inline
+// bytes instead of failing the link at the first reference.
+func (l *shmLink) answerProbe() {
+	l.probed = true
+	p := l.rx.probe
+	pf := p[1].Load()
+	f, _, err := openPeer(int(uint32(pf)), int(pf>>32), p[2].Load(), int(p[3].Load()))
+	if err != nil {
+		l.rx.verdict.Store(shmRefsNo)
+		return
+	}
+	unix.Close(f)
+	l.rx.verdict.Store(shmRefsOK)
+}
+
+// refsOK reports whether the peer's reader can map this side's memory,
+// false until it said.
+func (l *shmLink) refsOK() bool {
+	if !l.refsSet {
+		switch l.tx.verdict.Load() {
+		case shmRefsOK:
+			l.byRef, l.refsSet = true, true
+		case shmRefsNo:
+			l.refsSet = true
+		}
+	}
+	return l.byRef
+}
+
+// shmProbe is the process's probe: a small sealed memfd, open for the
+// process's life, that a peer's reader opens as it would a segment.
+var shmProbe = sync.OnceValues(func() (*mem.Shared, error) {
+	r, err := mem.NewTable().RegisterShared(0, 4096, 0, mem.Options{})
+	if err != nil {
+		return nil, err
+	}
+	s, _ := mem.FindShared(r.Bytes())
+	return s, nil
+})
 
 // put writes bufs to the ring as records, as far as the ring and the
 // window (see shmWindow) have room, and returns the stream bytes written
@@ -697,7 +778,7 @@ func (l *shmLink) put(bufs [][]byte) (n int, tl, lt uint64) {
 		var off int
 		if nextAt == i {
 			sg, off = next, nextOff
-		} else if len(b) >= shmRefMin {
+		} else if len(b) >= shmRefMin && l.refsOK() {
 			sg, off = mem.FindShared(b)
 		}
 		if sg != nil && l.told[sg.ID] == nil {
@@ -753,7 +834,7 @@ func (l *shmLink) put(bufs [][]byte) (n int, tl, lt uint64) {
 		}
 		run := len(b)
 		for j := i + 1; j < len(bufs); j++ {
-			if v := bufs[j]; len(v) >= shmRefMin {
+			if v := bufs[j]; len(v) >= shmRefMin && l.byRef {
 				if sg, off := mem.FindShared(v); sg != nil {
 					next, nextAt, nextOff = sg, j, off
 					break

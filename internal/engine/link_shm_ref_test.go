@@ -272,6 +272,8 @@ func shmPipeLinks(t testing.TB, ring int) (ini, rsp *shmLink) {
 	ini = newShmLink(a, &cm.SharedMemory{Mem: m[0], Ring: ring, Initiator: true}, 0).(*shmLink)
 	rsp = newShmLink(b, &cm.SharedMemory{Mem: m[1], Ring: ring}, 0).(*shmLink)
 	t.Cleanup(func() { ini.Close(); rsp.Close() })
+	ini.answerProbe()
+	rsp.answerProbe()
 	return ini, rsp
 }
 
@@ -317,5 +319,73 @@ func TestAdapterSharedMemoryLinkFreedBeforeRead(t *testing.T) {
 	ini.Writev([][]byte{[]byte("x")}, nil, true)
 	if len(ini.dups) != 0 {
 		t.Errorf("%d duplicates kept after the reader mapped the segment", len(ini.dups))
+	}
+}
+
+// TestAdapterSharedMemoryLinkProbe: a writer sends shared memory inline
+// until the peer's reader has answered its probe, by reference after a
+// yes, and inline for good after a no (a peer that cannot open this
+// process's memory: another PID namespace, say), the bytes intact and no
+// error either way.
+func TestAdapterSharedMemoryLinkProbe(t *testing.T) {
+	tbl := mem.NewTable()
+	r, err := tbl.RegisterShared(1, 1<<20, mem.LocalWrite, mem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Deregister()
+	for i := range r.Bytes() {
+		r.Bytes()[i] = byte(i * 5)
+	}
+	src := r.Bytes()[:50_000]
+	send := func(t *testing.T, ini, rsp *shmLink) {
+		t.Helper()
+		if n, err := ini.Writev([][]byte{src}, nil, true); n != len(src) || err != nil {
+			t.Fatalf("wrote %d, %v", n, err)
+		}
+		got := make([]byte, 0, len(src))
+		buf := make([]byte, 64<<10)
+		for len(got) < len(src) {
+			n, err := rsp.Readv([][]byte{buf, buf[:0]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, buf[:n]...)
+		}
+		if !bytes.Equal(got, src) {
+			t.Fatal("bytes differ")
+		}
+	}
+	for _, c := range []struct {
+		name   string
+		spoil  bool // the probe names a process that is not there
+		segs   int  // segments the reader maps after the second write
+		byRef  bool
+		answer uint32
+	}{
+		{"yes", false, 1, true, shmRefsOK},
+		{"no", true, 0, false, shmRefsNo},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := shmFile(t, cm.ShmMinRing)
+			a, b := net.Pipe()
+			ini := newShmLink(a, &cm.SharedMemory{Mem: m[0], Ring: cm.ShmMinRing, Initiator: true}, 0).(*shmLink)
+			rsp := newShmLink(b, &cm.SharedMemory{Mem: m[1], Ring: cm.ShmMinRing}, 0).(*shmLink)
+			t.Cleanup(func() { ini.Close(); rsp.Close() })
+			if c.spoil {
+				ini.tx.probe[1].Store(1<<30 | ini.tx.probe[1].Load()&^0xffffffff)
+			}
+			send(t, ini, rsp) // unanswered when written: inline
+			if len(rsp.segs) != 0 {
+				t.Fatalf("the first write went by reference before the probe was answered")
+			}
+			if v := ini.tx.verdict.Load(); v != c.answer {
+				t.Fatalf("verdict %d after the reader's first read, want %d", v, c.answer)
+			}
+			send(t, ini, rsp)
+			if len(rsp.segs) != c.segs || ini.byRef != c.byRef {
+				t.Fatalf("after the answer: %d segments mapped, by reference %v; want %d, %v", len(rsp.segs), ini.byRef, c.segs, c.byRef)
+			}
+		})
 	}
 }

@@ -61,6 +61,11 @@ func shmLinks(t *testing.T, ring int) (ini, rsp *shmLink) {
 	ini = newShmLink(a, &cm.SharedMemory{Mem: mem[0], Ring: ring, Initiator: true}, 0).(*shmLink)
 	rsp = newShmLink(b, &cm.SharedMemory{Mem: mem[1], Ring: ring}, 0).(*shmLink)
 	t.Cleanup(func() { ini.Close(); rsp.Close() })
+	// Each reader answers its writer's probe now, not at its first read,
+	// so that memory from RegisterShared goes by reference from the first
+	// write (TestAdapterSharedMemoryLinkProbe tests the answer).
+	ini.answerProbe()
+	rsp.answerProbe()
 	return ini, rsp
 }
 
