@@ -154,13 +154,7 @@ func TestAdapterSharedMemoryLinkBadRecords(t *testing.T) {
 	unix.Ftruncate(plain, 1<<16)
 	var st unix.Stat_t
 	unix.Fstat(plain, &st)
-	tbl := mem.NewTable()
-	sr, err := tbl.RegisterShared(1, 1<<16, 0, mem.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sr.Deregister()
-	sg, _ := mem.FindShared(sr.Bytes())
+	_, sg := testShared(t, 1<<16)
 	rec, seg := testRec, testSegRec
 	good := seg(sg.ID, sg.PID, sg.FD, sg.Ino, sg.Size)
 	for _, c := range []struct {
@@ -199,6 +193,19 @@ func TestAdapterSharedMemoryLinkBadRecords(t *testing.T) {
 	}
 }
 
+// testShared registers n bytes of shared memory for a test and returns
+// the region and its segment.
+func testShared(t testing.TB, n int) (*mem.Region, *mem.Shared) {
+	t.Helper()
+	r, err := mem.NewTable().RegisterShared(1, n, mem.LocalWrite, mem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Deregister() })
+	sg, _ := mem.FindShared(r.Bytes())
+	return r, sg
+}
+
 // testRec is a ring record of kind for n stream bytes with a body of
 // 64-bit words, as a hostile writer may make it.
 func testRec(kind byte, n int, body ...uint64) []byte {
@@ -220,13 +227,7 @@ func testSegRec(id uint32, pid, fd int, ino uint64, size int) []byte {
 // decoder (take) returns bytes or an error: no panic, no read outside the
 // ring or a segment, no loop without progress.
 func FuzzShmRecords(f *testing.F) {
-	tbl := mem.NewTable()
-	sr, err := tbl.RegisterShared(1, 1<<16, 0, mem.Options{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer sr.Deregister()
-	sg, _ := mem.FindShared(sr.Bytes())
+	sr, sg := testShared(f, 1<<16)
 	// Seeds: what a real writer makes (inline and reference records, a
 	// segment and its forget) and a few bad ones.
 	{
@@ -267,11 +268,8 @@ func FuzzShmRecords(f *testing.F) {
 // the connection.
 func shmPipeLinks(t testing.TB, ring int) (ini, rsp *shmLink) {
 	t.Helper()
-	m := shmFile(t, ring)
 	a, b := net.Pipe()
-	ini = newShmLink(a, &cm.SharedMemory{Mem: m[0], Ring: ring, Initiator: true}, 0).(*shmLink)
-	rsp = newShmLink(b, &cm.SharedMemory{Mem: m[1], Ring: ring}, 0).(*shmLink)
-	t.Cleanup(func() { ini.Close(); rsp.Close() })
+	ini, rsp = newShmPair(t, a, b, ring)
 	ini.answerProbe()
 	rsp.answerProbe()
 	return ini, rsp
@@ -328,12 +326,7 @@ func TestAdapterSharedMemoryLinkFreedBeforeRead(t *testing.T) {
 // process's memory: another PID namespace, say), the bytes intact and no
 // error either way.
 func TestAdapterSharedMemoryLinkProbe(t *testing.T) {
-	tbl := mem.NewTable()
-	r, err := tbl.RegisterShared(1, 1<<20, mem.LocalWrite, mem.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Deregister()
+	r, _ := testShared(t, 1<<20)
 	for i := range r.Bytes() {
 		r.Bytes()[i] = byte(i * 5)
 	}
@@ -367,11 +360,8 @@ func TestAdapterSharedMemoryLinkProbe(t *testing.T) {
 		{"no", true, 0, false, shmRefsNo},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			m := shmFile(t, cm.ShmMinRing)
 			a, b := net.Pipe()
-			ini := newShmLink(a, &cm.SharedMemory{Mem: m[0], Ring: cm.ShmMinRing, Initiator: true}, 0).(*shmLink)
-			rsp := newShmLink(b, &cm.SharedMemory{Mem: m[1], Ring: cm.ShmMinRing}, 0).(*shmLink)
-			t.Cleanup(func() { ini.Close(); rsp.Close() })
+			ini, rsp := newShmPair(t, a, b, cm.ShmMinRing) // probes unanswered
 			if c.spoil {
 				ini.tx.probe[1].Store(1<<30 | ini.tx.probe[1].Load()&^0xffffffff)
 			}

@@ -39,12 +39,21 @@ func shmFile(t testing.TB, ring int) (mem [2][]byte) {
 	return mem
 }
 
+// newShmPair returns the two ends of a link over a new shared file,
+// with a and b as their connections; the probes are not answered.
+func newShmPair(t testing.TB, a, b net.Conn, ring int) (ini, rsp *shmLink) {
+	m := shmFile(t, ring)
+	ini = newShmLink(a, &cm.SharedMemory{Mem: m[0], Ring: ring, Initiator: true}, 0).(*shmLink)
+	rsp = newShmLink(b, &cm.SharedMemory{Mem: m[1], Ring: ring}, 0).(*shmLink)
+	t.Cleanup(func() { ini.Close(); rsp.Close() })
+	return ini, rsp
+}
+
 // shmLinks returns the two ends of a shared-memory link with rings of
 // ring bytes over a memfd mapped twice, and a loopback TCP
 // connection as its liveness channel.
 func shmLinks(t *testing.T, ring int) (ini, rsp *shmLink) {
 	t.Helper()
-	mem := shmFile(t, ring)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -58,9 +67,7 @@ func shmLinks(t *testing.T, ring int) (ini, rsp *shmLink) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ini = newShmLink(a, &cm.SharedMemory{Mem: mem[0], Ring: ring, Initiator: true}, 0).(*shmLink)
-	rsp = newShmLink(b, &cm.SharedMemory{Mem: mem[1], Ring: ring}, 0).(*shmLink)
-	t.Cleanup(func() { ini.Close(); rsp.Close() })
+	ini, rsp = newShmPair(t, a, b, ring)
 	// Each reader answers its writer's probe now, not at its first read,
 	// so that memory from RegisterShared goes by reference from the first
 	// write (TestAdapterSharedMemoryLinkProbe tests the answer).
