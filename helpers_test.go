@@ -24,14 +24,21 @@ type pair struct {
 // the given depth, in one protection domain.
 func newIdlePair(t testing.TB, cqDepth int) *pair {
 	t.Helper()
-	p := &pair{dev: gowarp.Open()}
+	return newIdlePairMode(t, cqDepth, gowarp.Handed, false)
+}
+
+// newIdlePairMode is newIdlePair with both QPs completing in mode m, and
+// reg taking PD.Alloc memory if alloc.
+func newIdlePairMode(t testing.TB, cqDepth int, m gowarp.CompletionMode, alloc bool) *pair {
+	t.Helper()
+	p := &pair{dev: gowarp.Open(), alloc: alloc}
 	p.pd = p.dev.AllocPD()
 	p.acq, p.bcq = p.dev.NewCQ(cqDepth), p.dev.NewCQ(cqDepth)
 	var err error
-	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq}); err != nil {
+	if p.a, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq, Completion: m}); err != nil {
 		t.Fatal(err)
 	}
-	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq}); err != nil {
+	if p.b, err = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq, Completion: m}); err != nil {
 		t.Fatal(err)
 	}
 	return p

@@ -379,11 +379,7 @@ func TestAdapterSharedMemoryTerminate(t *testing.T) {
 // copied it: at each completion the peer's region holds the bytes, and
 // the source may be changed at once for the next Write.
 func TestAdapterSharedMemoryAllocAcked(t *testing.T) {
-	p := &pair{dev: gowarp.Open(), alloc: true}
-	p.pd = p.dev.AllocPD()
-	p.acq, p.bcq = p.dev.NewCQ(64), p.dev.NewCQ(64)
-	p.a, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.acq, RecvCQ: p.acq, Completion: gowarp.Acked})
-	p.b, _ = p.pd.NewQP(gowarp.QPConfig{SendCQ: p.bcq, RecvCQ: p.bcq, Completion: gowarp.Acked})
+	p := newIdlePairMode(t, 64, gowarp.Acked, true)
 	t.Cleanup(func() { p.a.Close(); p.b.Close() })
 	o := gowarp.ConnectOptions{SharedMemory: true}
 	p.connect(t, o, o)

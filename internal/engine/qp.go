@@ -251,8 +251,9 @@ type QP struct {
 	txHeld   bool
 	heldPoll time.Duration
 	txGone   bool
-	txFn     func()      // q.txLoop, made once by Start; nil: no goroutines (readyLocked)
-	ackT     *time.Timer // the transmit goroutine's, made once in Acked mode
+	txFn     func()        // q.txLoop, made once by Start; nil: no goroutines (readyLocked)
+	ackT     *fineTimer    // the transmit goroutine's, made once in Acked mode
+	ackWait  time.Duration // the transmit goroutine's next wait for acknowledgements
 	// drained, made by a waiting Disconnect, is closed when the transmit
 	// role is let go, the ORQ empties or the queue pair fails.
 	drained chan struct{}
@@ -668,7 +669,13 @@ func (q *QP) txLoop() {
 			q.mu.Unlock()
 			return
 		}
-		wait := ackPoll
+		// The first look at the acknowledgements comes soon (loopback's
+		// come within tens of microseconds), the next ones later.
+		if !acks {
+			q.ackWait = 0
+		}
+		q.ackWait = min(max(2*q.ackWait, ackPollFirst), ackPoll)
+		wait := q.ackWait
 		if held && !acks {
 			// Only bytes held back wait: for a peer that does not read,
 			// the window can stay short a long time.
@@ -681,14 +688,13 @@ func (q *QP) txLoop() {
 			continue
 		}
 		if q.ackT == nil {
-			q.ackT = time.NewTimer(wait)
-		} else {
-			q.ackT.Reset(wait)
+			q.ackT = newFineTimer() // see finetimer.go: a time.Timer takes 1 ms
 		}
+		q.ackT.reset(wait)
 		select {
 		case <-q.txWake:
-			q.ackT.Stop()
-		case <-q.ackT.C:
+			q.ackT.stop()
+		case <-q.ackT.C():
 			q.mu.Lock()
 			if q.txBusy {
 				q.mu.Unlock()
@@ -699,7 +705,7 @@ func (q *QP) txLoop() {
 			q.mu.Unlock()
 			q.transmit(true)
 		case <-q.done:
-			q.ackT.Stop()
+			q.ackT.stop()
 			q.mu.Lock()
 			q.txRun = false
 			if q.txHanded {
@@ -727,6 +733,10 @@ const maxHeldPoll = 10 * time.Millisecond
 // fails with ErrNotPollable. TCP_NOTSENT_LOWAT's EPOLLOUT tells of bytes
 // sent, not acknowledged.
 const ackPoll = 50 * time.Microsecond
+
+// ackPollFirst is the first wait for acknowledgements after a wait that
+// had none to watch; the waits double from it to ackPoll.
+const ackPollFirst = 10 * time.Microsecond
 
 // retireLocked completes send-queue entries in order, as far as they are
 // done, pushing completions for the signaled and the failed.

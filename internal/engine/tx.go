@@ -263,8 +263,12 @@ func (q *QP) transmit(block bool) {
 					q.heldPoll = 0
 				}
 				q.txHeld = held && q.State() != StateError
-				if q.cfg.Completion == Acked || q.txHeld {
-					q.startTxLocked() // the transmit goroutine watches the acknowledgements, or the window
+				if (q.cfg.Completion == Acked && q.sqDone < q.sqTx) || q.txHeld {
+					// The transmit goroutine watches the acknowledgements
+					// still to come, or the window. (Started whenever in
+					// Acked mode, it ran once per post, a goroutine and a
+					// wake-up each, when the peer had acknowledged all.)
+					q.startTxLocked()
 				}
 				q.mu.Unlock()
 				if closeLink {
