@@ -604,7 +604,7 @@ type scatter struct {
 func (s *scatter) put(b []byte) int {
 	n := 0
 	for n < len(b) && s.i < len(s.bufs) {
-		k := copy(s.bufs[s.i][s.off:], b[n:])
+		k := bigCopy(s.bufs[s.i][s.off:], b[n:])
 		n += k
 		s.off += k
 		if s.off == len(s.bufs[s.i]) {
