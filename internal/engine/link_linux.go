@@ -404,7 +404,8 @@ const (
 
 // Writev sends bufs as records, all in one system call.
 func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
-	if len(bufs) <= smallIov && len(records) < smallMsg {
+	small := len(bufs) <= smallIov && len(records) < smallMsg
+	if small {
 		if l.wsmall == nil {
 			l.wsmall = new(writeVecsSmall)
 		}
@@ -436,6 +437,11 @@ func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 	l.endMsg(msg)
 	if len(l.wmsg) == 0 {
 		return 0, nil
+	}
+	if !small && len(l.wiov) >= flatMinVecs && total <= len(l.wiov)*flatAvg {
+		f := flatFree.get()
+		defer flatFree.put(f)
+		total = l.flatten(f[:], total)
 	}
 	// Where FPDUs fill segments (see txState.place), TCP must cut the
 	// stream only at multiples of the MSS. With TCP_NODELAY (Go's default)
@@ -522,6 +528,62 @@ func (l *fdLink) doCork(fd uintptr) {
 		v = 1
 	}
 	_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_CORK, v)
+}
+
+// Small vectors are flattened: over veth (MSS 1448), 64 KiB write_bw
+// sent each FPDU as two vectors (its payload from registered memory; its
+// trailer and the next FPDU's header from the batch's arena), and the
+// kernel's copy of them cost five times what it costs per byte for one
+// 64 KiB buffer (_copy_from_iter: 38 % of the sender's CPU at 2.3 GB/s,
+// against plain TCP's 11 % at 3.0): the sender, its CPU full, ran at 0.74
+// of tcp_bw. Copied first into one buffer per record, the same bytes went
+// at 3.5-3.6 GB/s, with less system time (1.95 s against 2.34 in 3 s) for
+// the user copy's 0.4 s. On loopback, 512-byte send_bw gained a quarter;
+// 64 KiB Writes (three vectors) and small ping-pongs (three) are not
+// flattened and lose nothing.
+const (
+	flatMinVecs = 8       // fewer vectors are not flattened
+	flatAvg     = 2 << 10 // nor vectors of more bytes on average
+	flatMax     = 128 << 10
+)
+
+// flatFree keeps the buffers of flattened writes (see freeList): a write
+// takes one for its system call.
+var flatFree = newFreeList(1024, func() *[flatMax]byte { return new([flatMax]byte) })
+
+// flatten copies the write's leading whole records, as many as buf holds,
+// into buf and makes each one vector of its copy; the records that do not
+// fit are left for the next write (a short write, which the caller
+// resumes); a write whose first record does not fit is left as it is. It
+// returns the bytes the write now sends, of the total it had.
+func (l *fdLink) flatten(buf []byte, total int) int {
+	p := 0
+	for k := range l.wmsg {
+		h := &l.wmsg[k].hdr
+		vs := unsafe.Slice(h.Iov, h.Iovlen)
+		n := 0
+		for _, v := range vs {
+			n += int(v.Len)
+		}
+		if p+n > len(buf) {
+			if k == 0 {
+				return total
+			}
+			l.wmsg = l.wmsg[:k]
+			break
+		}
+		start := p
+		for _, v := range vs {
+			p += copy(buf[p:], unsafe.Slice(v.Base, v.Len))
+		}
+		// Record k's vectors begin at index k or later, and the next
+		// record's after them: this overwrites only what was copied.
+		l.wiov[k] = unix.Iovec{Base: &buf[start]}
+		l.wiov[k].SetLen(n)
+		h.Iov = &l.wiov[k]
+		h.SetIovlen(1)
+	}
+	return p
 }
 
 // endMsg makes the vectors from index first on one message.

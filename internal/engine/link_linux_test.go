@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -371,5 +372,177 @@ func TestLoadavgRunning(t *testing.T) {
 		if n != c.n || ok != c.isOK {
 			t.Errorf("%q: %d, %v; want %d, %v", c.in, n, ok, c.n, c.isOK)
 		}
+	}
+}
+
+// smallVecWrite returns vectors of 1-1500 bytes in records of about
+// recBytes each, n bytes in all, as the transmit path builds them where
+// FPDUs fill 1448-byte segments, and the bytes they make in order.
+func smallVecWrite(n, recBytes int, seed uint64) (bufs [][]byte, records []int, want []byte) {
+	r := seed
+	rec := 0
+	for len(want) < n {
+		r = r*6364136223846793005 + 1442695040888963407
+		k := min(1+int(r>>33)%1500, n-len(want))
+		b := make([]byte, k)
+		for i := range b {
+			b[i] = byte(r>>(8*(i%7))) + byte(i)
+		}
+		bufs = append(bufs, b)
+		want = append(want, b...)
+		if rec += k; rec >= recBytes {
+			records = append(records, len(bufs))
+			rec = 0
+		}
+	}
+	return bufs, records, want
+}
+
+// TestFlatten: the leading records that fit the buffer become one vector
+// each, holding their vectors' bytes in order; the rest are left for the
+// next write; a first record larger than the buffer leaves the write as
+// it was.
+func TestFlatten(t *testing.T) {
+	bufs, records, want := smallVecWrite(3*40<<10, 40<<10, 1)
+	build := func() *fdLink {
+		l := &fdLink{wiov: make([]unix.Iovec, 0, maxIov), wmsg: make([]mmsghdr, 0, maxIov)}
+		msg, r := 0, 0
+		for i, b := range bufs {
+			for r < len(records) && records[r] <= i {
+				l.endMsg(msg)
+				msg, r = len(l.wiov), r+1
+			}
+			v := unix.Iovec{Base: &b[0]}
+			v.SetLen(len(b))
+			l.wiov = append(l.wiov, v)
+		}
+		l.endMsg(msg)
+		return l
+	}
+	recLen := func(l *fdLink, k int) []byte {
+		var out []byte
+		for _, v := range unsafe.Slice(l.wmsg[k].hdr.Iov, l.wmsg[k].hdr.Iovlen) {
+			out = append(out, unsafe.Slice(v.Base, v.Len)...)
+		}
+		return out
+	}
+	l := build()
+	recs := len(l.wmsg)
+	if recs < 3 {
+		t.Fatalf("%d records", recs)
+	}
+	var whole []byte
+	for k := range recs {
+		whole = append(whole, recLen(l, k)...)
+	}
+	if !bytes.Equal(whole, want) {
+		t.Fatal("the test's records do not hold its bytes")
+	}
+
+	buf := make([]byte, len(want))
+	if n := l.flatten(buf, len(want)); n != len(want) || len(l.wmsg) != recs {
+		t.Fatalf("all fit: flattened %d bytes in %d records, want %d in %d", n, len(l.wmsg), len(want), recs)
+	}
+	var got []byte
+	for k := range l.wmsg {
+		if l.wmsg[k].hdr.Iovlen != 1 {
+			t.Fatalf("record %d has %d vectors after flatten", k, l.wmsg[k].hdr.Iovlen)
+		}
+		got = append(got, recLen(l, k)...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the flattened records do not hold the bytes in order")
+	}
+
+	l = build()
+	first, second := len(recLen(l, 0)), len(recLen(l, 1))
+	if n := l.flatten(make([]byte, first+second+100), len(want)); n != first+second || len(l.wmsg) != 2 {
+		t.Fatalf("two fit: flattened %d bytes in %d records, want %d in 2", n, len(l.wmsg), first+second)
+	}
+	if !bytes.Equal(append(recLen(l, 0), recLen(l, 1)...), want[:first+second]) {
+		t.Fatal("two fit: wrong bytes")
+	}
+
+	l = build()
+	vecs := l.wmsg[0].hdr.Iovlen
+	if n := l.flatten(make([]byte, first-1), len(want)); n != len(want) || len(l.wmsg) != recs || l.wmsg[0].hdr.Iovlen != vecs {
+		t.Fatalf("none fit: %d bytes, %d records, %d vectors in the first; want it unchanged", n, len(l.wmsg), l.wmsg[0].hdr.Iovlen)
+	}
+}
+
+// TestWritevSmallVectors: a stream of records of small vectors, written
+// with Writev and resumed after every short write as the transmit path
+// does, reaches the peer intact, while the peer reads slowly enough for
+// the socket to take only part of many writes; and a flattened Writev
+// allocates nothing.
+func TestWritevSmallVectors(t *testing.T) {
+	a, b := tcpPair(t)
+	l := NewLink(a).(*fdLink)
+	bufs, records, want := smallVecWrite(4<<20, 60<<10, 2)
+	got := make(chan []byte, 1)
+	go func() {
+		out := make([]byte, 0, len(want))
+		p := make([]byte, 7000)
+		b.SetReadDeadline(time.Now().Add(30 * time.Second))
+		for len(out) < len(want) {
+			n, err := b.Read(p)
+			out = append(out, p[:n]...)
+			if err != nil {
+				break
+			}
+			if len(out)%5 == 0 {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+		got <- out
+	}()
+	short := 0
+	for len(bufs) > 0 {
+		n, err := l.Writev(bufs, records, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for _, b := range bufs {
+			total += len(b)
+		}
+		if n < total {
+			short++
+		}
+		// Resume after n bytes: drop whole vectors, cut the first one
+		// left, and count the records from the new first vector.
+		drop := 0
+		for drop < len(bufs) && n >= len(bufs[drop]) {
+			n -= len(bufs[drop])
+			drop++
+		}
+		bufs = bufs[drop:]
+		if n > 0 {
+			bufs[0] = bufs[0][n:]
+		}
+		for len(records) > 0 && records[0] <= drop {
+			records = records[1:]
+		}
+		for i := range records {
+			records[i] -= drop
+		}
+	}
+	if out := <-got; !bytes.Equal(out, want) {
+		t.Fatalf("the peer read %d bytes, not the %d written in order", len(out), len(want))
+	}
+	if short == 0 {
+		t.Fatal("no write was short: the resumption was not tried")
+	}
+	t.Logf("%d short writes", short)
+
+	// Steady state: the flat buffer and the vectors come from free lists.
+	one, recs1, _ := smallVecWrite(32<<10, 16<<10, 3)
+	go io.Copy(io.Discard, b)
+	if avg := testing.AllocsPerRun(100, func() {
+		if _, err := l.Writev(one, recs1, true); err != nil {
+			t.Fatal(err)
+		}
+	}); avg != 0 {
+		t.Fatalf("a flattened Writev allocated %v times", avg)
 	}
 }
