@@ -56,6 +56,7 @@ type fdLink struct {
 	wiov    []unix.Iovec
 	wmsg    []mmsghdr
 	wsmall  *writeVecsSmall // arrays of a Writev of few vectors, made once
+	wflat   bool            // the write's records are copied for the call (see flatten)
 	wn      int
 	werr    error
 	wblock  bool
@@ -349,15 +350,23 @@ type mmsghdr struct {
 // the CPU away in the middle of a ping-pong's send.
 func (l *fdLink) doWrite(fd uintptr) bool {
 	const flags = unix.MSG_EOR | unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL
+	msgs := l.wmsg
+	if l.wflat {
+		// Taken for this call only: a write that waits for room holds
+		// no flat buffer meanwhile, and copies again when it retries.
+		f := flatFree.get()
+		defer flatFree.put(f)
+		msgs = l.flatten(f)
+	}
 	var n uintptr
 	var e syscall.Errno
-	if len(l.wmsg) == 1 {
-		n, _, e = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&l.wmsg[0].hdr)), flags)
+	if len(msgs) == 1 {
+		n, _, e = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msgs[0].hdr)), flags)
 		if e == 0 {
-			l.wmsg[0].len, n = uint32(n), 1
+			msgs[0].len, n = uint32(n), 1
 		}
 	} else {
-		n, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&l.wmsg[0])), uintptr(len(l.wmsg)), flags, 0, 0)
+		n, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), flags, 0, 0)
 	}
 	if e == unix.EAGAIN || e == unix.EINTR {
 		if l.wblock {
@@ -372,7 +381,7 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 	}
 	l.wn, l.werr = 0, nil
 	for i := range int(n) {
-		l.wn += int(l.wmsg[i].len)
+		l.wn += int(msgs[i].len)
 	}
 	return true
 }
@@ -438,11 +447,7 @@ func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 	if len(l.wmsg) == 0 {
 		return 0, nil
 	}
-	if !small && len(l.wiov) >= flatMinVecs && total <= len(l.wiov)*flatAvg {
-		f := flatFree.get()
-		defer flatFree.put(f)
-		total = l.flatten(f[:], total)
-	}
+	l.wflat = !small && len(l.wiov) >= flatMinVecs && total <= len(l.wiov)*flatAvg
 	// Where FPDUs fill segments (see txState.place), TCP must cut the
 	// stream only at multiples of the MSS. With TCP_NODELAY (Go's default)
 	// it sends a short segment wherever the peer's window ends, and the
@@ -547,43 +552,51 @@ const (
 	flatMax     = 128 << 10
 )
 
-// flatFree keeps the buffers of flattened writes (see freeList): a write
-// takes one for its system call.
-var flatFree = newFreeList(1024, func() *[flatMax]byte { return new([flatMax]byte) })
+// flatBufs are a flattened write's bytes and its arrays: a vector and a
+// message per record, at most flatRecs records.
+type flatBufs struct {
+	b   [flatMax]byte
+	iov [flatRecs]unix.Iovec
+	msg [flatRecs]mmsghdr
+}
 
-// flatten copies the write's leading whole records, as many as buf holds,
-// into buf and makes each one vector of its copy; the records that do not
-// fit are left for the next write (a short write, which the caller
-// resumes); a write whose first record does not fit is left as it is. It
-// returns the bytes the write now sends, of the total it had.
-func (l *fdLink) flatten(buf []byte, total int) int {
-	p := 0
-	for k := range l.wmsg {
+const flatRecs = 64
+
+// flatFree keeps the buffers of flattened writes (see freeList): a write
+// takes one for each system call.
+var flatFree = newFreeList(1024, func() *flatBufs { return new(flatBufs) })
+
+// flatten copies the write's leading whole records, as many as f holds,
+// into f and returns f's messages for them, one vector each; the records
+// that do not fit are left for the next write (a short write, which the
+// caller resumes). A write whose first record does not fit is sent as it
+// is: it returns the write's own messages.
+func (l *fdLink) flatten(f *flatBufs) []mmsghdr {
+	p, k := 0, 0
+	for ; k < len(l.wmsg) && k < flatRecs; k++ {
 		h := &l.wmsg[k].hdr
 		vs := unsafe.Slice(h.Iov, h.Iovlen)
 		n := 0
 		for _, v := range vs {
 			n += int(v.Len)
 		}
-		if p+n > len(buf) {
-			if k == 0 {
-				return total
-			}
-			l.wmsg = l.wmsg[:k]
+		if p+n > len(f.b) {
 			break
 		}
 		start := p
 		for _, v := range vs {
-			p += copy(buf[p:], unsafe.Slice(v.Base, v.Len))
+			p += copy(f.b[p:], unsafe.Slice(v.Base, v.Len))
 		}
-		// Record k's vectors begin at index k or later, and the next
-		// record's after them: this overwrites only what was copied.
-		l.wiov[k] = unix.Iovec{Base: &buf[start]}
-		l.wiov[k].SetLen(n)
-		h.Iov = &l.wiov[k]
-		h.SetIovlen(1)
+		f.iov[k] = unix.Iovec{Base: &f.b[start]}
+		f.iov[k].SetLen(n)
+		f.msg[k] = mmsghdr{}
+		f.msg[k].hdr.Iov = &f.iov[k]
+		f.msg[k].hdr.SetIovlen(1)
 	}
-	return p
+	if k == 0 {
+		return l.wmsg
+	}
+	return f.msg[:k]
 }
 
 // endMsg makes the vectors from index first on one message.

@@ -398,13 +398,12 @@ func smallVecWrite(n, recBytes int, seed uint64) (bufs [][]byte, records []int, 
 	return bufs, records, want
 }
 
-// TestFlatten: the leading records that fit the buffer become one vector
-// each, holding their vectors' bytes in order; the rest are left for the
-// next write; a first record larger than the buffer leaves the write as
-// it was.
+// TestFlatten: the leading records that fit a flat buffer become one
+// message of one vector each, holding their vectors' bytes in order, and
+// the rest are left for the next write; a first record larger than the
+// buffer is sent as it is; at most flatRecs records are flattened.
 func TestFlatten(t *testing.T) {
-	bufs, records, want := smallVecWrite(3*40<<10, 40<<10, 1)
-	build := func() *fdLink {
+	build := func(bufs [][]byte, records []int) *fdLink {
 		l := &fdLink{wiov: make([]unix.Iovec, 0, maxIov), wmsg: make([]mmsghdr, 0, maxIov)}
 		msg, r := 0, 0
 		for i, b := range bufs {
@@ -419,54 +418,48 @@ func TestFlatten(t *testing.T) {
 		l.endMsg(msg)
 		return l
 	}
-	recLen := func(l *fdLink, k int) []byte {
-		var out []byte
-		for _, v := range unsafe.Slice(l.wmsg[k].hdr.Iov, l.wmsg[k].hdr.Iovlen) {
-			out = append(out, unsafe.Slice(v.Base, v.Len)...)
+	bytesOf := func(msgs []mmsghdr) (out []byte, vecs int) {
+		for _, m := range msgs {
+			for _, v := range unsafe.Slice(m.hdr.Iov, m.hdr.Iovlen) {
+				out = append(out, unsafe.Slice(v.Base, v.Len)...)
+			}
+			vecs += int(m.hdr.Iovlen)
 		}
-		return out
+		return out, vecs
 	}
-	l := build()
-	recs := len(l.wmsg)
-	if recs < 3 {
-		t.Fatalf("%d records", recs)
-	}
-	var whole []byte
-	for k := range recs {
-		whole = append(whole, recLen(l, k)...)
-	}
-	if !bytes.Equal(whole, want) {
-		t.Fatal("the test's records do not hold its bytes")
-	}
-
-	buf := make([]byte, len(want))
-	if n := l.flatten(buf, len(want)); n != len(want) || len(l.wmsg) != recs {
-		t.Fatalf("all fit: flattened %d bytes in %d records, want %d in %d", n, len(l.wmsg), len(want), recs)
-	}
-	var got []byte
-	for k := range l.wmsg {
-		if l.wmsg[k].hdr.Iovlen != 1 {
-			t.Fatalf("record %d has %d vectors after flatten", k, l.wmsg[k].hdr.Iovlen)
-		}
-		got = append(got, recLen(l, k)...)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("the flattened records do not hold the bytes in order")
-	}
-
-	l = build()
-	first, second := len(recLen(l, 0)), len(recLen(l, 1))
-	if n := l.flatten(make([]byte, first+second+100), len(want)); n != first+second || len(l.wmsg) != 2 {
-		t.Fatalf("two fit: flattened %d bytes in %d records, want %d in 2", n, len(l.wmsg), first+second)
-	}
-	if !bytes.Equal(append(recLen(l, 0), recLen(l, 1)...), want[:first+second]) {
-		t.Fatal("two fit: wrong bytes")
-	}
-
-	l = build()
-	vecs := l.wmsg[0].hdr.Iovlen
-	if n := l.flatten(make([]byte, first-1), len(want)); n != len(want) || len(l.wmsg) != recs || l.wmsg[0].hdr.Iovlen != vecs {
-		t.Fatalf("none fit: %d bytes, %d records, %d vectors in the first; want it unchanged", n, len(l.wmsg), l.wmsg[0].hdr.Iovlen)
+	f := new(flatBufs)
+	for _, c := range []struct {
+		name     string
+		n, rec   int
+		wantRecs int // records flattened; 0: none, the write as it is
+	}{
+		{"all fit", 3 * 40 << 10, 40 << 10, 3},
+		{"two of three fit", 3 * 50 << 10, 50 << 10, 2},
+		{"first too large", 200 << 10, 150 << 10, 0},
+		{"more records than flatRecs", 200 << 10, 500, flatRecs},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bufs, records, want := smallVecWrite(c.n, c.rec, 1)
+			l := build(bufs, records)
+			if got, _ := bytesOf(l.wmsg); !bytes.Equal(got, want) {
+				t.Fatal("the test's records do not hold its bytes")
+			}
+			msgs := l.flatten(f)
+			got, vecs := bytesOf(msgs)
+			if c.wantRecs == 0 {
+				if &msgs[0] != &l.wmsg[0] || len(msgs) != len(l.wmsg) {
+					t.Fatalf("flattened %d records, want the write as it is", len(msgs))
+				}
+				return
+			}
+			if len(msgs) != c.wantRecs || vecs != c.wantRecs {
+				t.Fatalf("%d messages of %d vectors, want %d of one each", len(msgs), vecs, c.wantRecs)
+			}
+			whole, _ := bytesOf(l.wmsg[:c.wantRecs])
+			if !bytes.Equal(got, whole) || !bytes.Equal(got, want[:len(got)]) {
+				t.Fatal("the flattened records do not hold the records' bytes in order")
+			}
+		})
 	}
 }
 
@@ -544,5 +537,76 @@ func TestWritevSmallVectors(t *testing.T) {
 		}
 	}); avg != 0 {
 		t.Fatalf("a flattened Writev allocated %v times", avg)
+	}
+}
+
+// TestFlatWriteWaitsWithoutBuffer: a blocking Writev of small vectors
+// that waits for room (the peer reads nothing) holds no flat buffer while
+// it waits: a transmit goroutine per slow peer would otherwise keep 128
+// KiB each.
+func TestFlatWriteWaitsWithoutBuffer(t *testing.T) {
+	a, b := tcpPair(t)
+	l := NewLink(a).(*fdLink)
+	bufs, records, want := smallVecWrite(16<<20, 60<<10, 4)
+	done := make(chan error, 1)
+	go func() {
+		for len(bufs) > 0 {
+			n, err := l.Writev(bufs, records, true)
+			if err != nil {
+				done <- err
+				return
+			}
+			drop := 0
+			for drop < len(bufs) && n >= len(bufs[drop]) {
+				n -= len(bufs[drop])
+				drop++
+			}
+			bufs = bufs[drop:]
+			if n > 0 {
+				bufs[0] = bufs[0][n:]
+			}
+			for len(records) > 0 && records[0] <= drop {
+				records = records[1:]
+			}
+			for i := range records {
+				records[i] -= drop
+			}
+		}
+		done <- nil
+	}()
+	// The socket's buffers fill within milliseconds; the writer then waits.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var outq int
+		rc, _ := a.(*net.TCPConn).SyscallConn()
+		rc.Control(func(fd uintptr) { outq, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+		if outq > 0 {
+			time.Sleep(50 * time.Millisecond)
+			rc.Control(func(fd uintptr) { outq2, _ := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ); outq -= outq2 })
+			if outq == 0 {
+				break // nothing moved in 50 ms: the writer waits
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the socket never filled")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	flatFree.mu.Lock()
+	out := flatFree.out
+	flatFree.mu.Unlock()
+	if out != 0 {
+		t.Errorf("a waiting write holds %d flat buffers", out)
+	}
+	got := make([]byte, len(want))
+	b.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadFull(b, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the peer read other bytes than were written")
 	}
 }
