@@ -398,6 +398,28 @@ func smallVecWrite(n, recBytes int, seed uint64) (bufs [][]byte, records []int, 
 	return bufs, records, want
 }
 
+// resumeWrite returns what is left of a write of bufs in records after n
+// bytes were written, as the transmit path resumes one: whole vectors
+// dropped, the first one left cut, the records counted from it.
+func resumeWrite(bufs [][]byte, records []int, n int) ([][]byte, []int) {
+	drop := 0
+	for drop < len(bufs) && n >= len(bufs[drop]) {
+		n -= len(bufs[drop])
+		drop++
+	}
+	bufs = bufs[drop:]
+	if n > 0 {
+		bufs[0] = bufs[0][n:]
+	}
+	for len(records) > 0 && records[0] <= drop {
+		records = records[1:]
+	}
+	for i := range records {
+		records[i] -= drop
+	}
+	return bufs, records
+}
+
 // TestFlatten: the leading records that fit a flat buffer become one
 // message of one vector each, holding their vectors' bytes in order, and
 // the rest are left for the next write; a first record larger than the
@@ -502,23 +524,7 @@ func TestWritevSmallVectors(t *testing.T) {
 		if n < total {
 			short++
 		}
-		// Resume after n bytes: drop whole vectors, cut the first one
-		// left, and count the records from the new first vector.
-		drop := 0
-		for drop < len(bufs) && n >= len(bufs[drop]) {
-			n -= len(bufs[drop])
-			drop++
-		}
-		bufs = bufs[drop:]
-		if n > 0 {
-			bufs[0] = bufs[0][n:]
-		}
-		for len(records) > 0 && records[0] <= drop {
-			records = records[1:]
-		}
-		for i := range records {
-			records[i] -= drop
-		}
+		bufs, records = resumeWrite(bufs, records, n)
 	}
 	if out := <-got; !bytes.Equal(out, want) {
 		t.Fatalf("the peer read %d bytes, not the %d written in order", len(out), len(want))
@@ -556,21 +562,7 @@ func TestFlatWriteWaitsWithoutBuffer(t *testing.T) {
 				done <- err
 				return
 			}
-			drop := 0
-			for drop < len(bufs) && n >= len(bufs[drop]) {
-				n -= len(bufs[drop])
-				drop++
-			}
-			bufs = bufs[drop:]
-			if n > 0 {
-				bufs[0] = bufs[0][n:]
-			}
-			for len(records) > 0 && records[0] <= drop {
-				records = records[1:]
-			}
-			for i := range records {
-				records[i] -= drop
-			}
+			bufs, records = resumeWrite(bufs, records, n)
 		}
 		done <- nil
 	}()
