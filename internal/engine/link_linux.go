@@ -358,6 +358,9 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 		defer flatFree.put(f)
 		msgs = l.flatten(f)
 	}
+	// After the copy: what the peer reads was read here before (see
+	// link_race.go).
+	linkRelease(l.race)
 	var n uintptr
 	var e syscall.Errno
 	if len(msgs) == 1 {
@@ -468,7 +471,6 @@ func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 		}
 	}
 	l.wblock = block
-	linkRelease(l.race)
 	err := l.rc.Write(l.wfunc)
 	clear(l.wiov) // drop the references to the buffers
 	clear(l.wmsg)
