@@ -23,9 +23,10 @@ func (l *discardLink) Writev(bufs [][]byte, _ []int, _ bool) (int, error) {
 // a link that takes it at once, and receiving and placing it in the core.
 // Hot in cache they take about 160 and 90 ns here; in gowarp perf's
 // write_lat the same code costs about 0.36 and 0.33 µs per message (CPU
-// profile). The difference is, we infer without having measured it, state
-// the two sides' goroutines find cold as they move between the cores; it
-// is most of write_lat's margin over tcp_lat (issue 7).
+// profile), and about as much with the process on one CPU (taskset), so
+// it is not the two cores' caches; that the system calls between two
+// messages evict what the engine touches is a guess, not measured. It is
+// most of write_lat's margin over tcp_lat (issue 7).
 func BenchmarkPostWrite8(b *testing.B) {
 	e := newCoreEnv(b)
 	e.reset(b, false, 4)
