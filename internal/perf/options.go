@@ -256,8 +256,8 @@ func qpGone(qp *gowarp.QP) error {
 func postRetry(ctx context.Context, qp *gowarp.QP, wr *gowarp.SendWR) error {
 	for i := 1; ; i++ {
 		err := qp.PostSend(wr)
-		if !errors.Is(err, gowarp.ErrQueueFull) {
-			return err
+		if err == nil || !errors.Is(err, gowarp.ErrQueueFull) {
+			return err // nil first: errors.Is is a call, on every post
 		}
 		if i%64 == 0 {
 			if err := ctx.Err(); err != nil {
