@@ -255,7 +255,7 @@ type Stats struct {
 	Deletes     uint64
 	PageIns     uint64
 	PageOuts    uint64
-	Errors      uint64 // requests answered with an error
+	Errors      uint64 // requests answered with an error, but for not found (a Get's is a miss)
 	Conns       uint64 // clients connected now
 	BytesIn     uint64 // value bytes put
 	BytesOut    uint64 // value bytes got inline

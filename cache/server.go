@@ -494,7 +494,9 @@ func (c *srvConn) request(k, n int) {
 		err = c.handle(&c.in, &c.out)
 	}
 	if err != nil {
-		c.s.errs.Add(1)
+		if !errors.Is(err, ErrNotFound) { // a miss, or nothing to delete: an answer, not an error
+			c.s.errs.Add(1)
+		}
 		c.out = Msg{Op: c.in.Op, ID: c.in.ID, Status: statusOf(err), Value: []byte(err.Error())}
 		if len(c.out.Value) > 512 {
 			c.out.Value = c.out.Value[:512]
