@@ -72,3 +72,54 @@ func TestDoneContextConnectsNothing(t *testing.T) {
 		t.Errorf("the client connected to a server that gave up its Accept")
 	}
 }
+
+// countingReader counts the bytes read from it.
+type countingReader struct{ n int }
+
+func (r *countingReader) Read(p []byte) (int, error) { r.n += len(p); return len(p), nil }
+
+// TestDoneContextMovesNothing: Table.Export, Table.Import,
+// Table.ImportSessions and SessionListener.Export called with a context
+// that is already done return its error having done nothing: no table
+// frozen, no byte written or read, no region registered, no session
+// stopped.
+func TestDoneContextMovesNothing(t *testing.T) {
+	dev := gowarp.Open()
+	tb := dev.DefaultTable()
+	if _, err := dev.AllocPD().Register(make([]byte, 4096), gowarp.RemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out countingWriter
+	if _, err := tb.Export(ctx, &out); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Export: %v, want context.Canceled", err)
+	}
+	if tb.Frozen() || out.n != 0 {
+		t.Fatalf("Export with a done context: frozen %v, %d bytes written", tb.Frozen(), out.n)
+	}
+	other := gowarp.Open().DefaultTable()
+	var in countingReader
+	if _, err := other.Import(ctx, &in, gowarp.ImportOptions{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Import: %v, want context.Canceled", err)
+	}
+	if _, err := other.ImportSessions(ctx, &in, gowarp.ImportOptions{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ImportSessions: %v, want context.Canceled", err)
+	}
+	if in.n != 0 || other.Len() != 0 {
+		t.Fatalf("imports with a done context read %d bytes, registered %d regions", in.n, other.Len())
+	}
+	ln := dev.AllocPD().ListenSession(gowarp.SessionConfig{})
+	defer ln.Close()
+	if _, err := ln.Export(ctx, &out, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("SessionListener.Export: %v, want context.Canceled", err)
+	}
+	if tb.Frozen() || out.n != 0 {
+		t.Fatalf("SessionListener.Export with a done context: frozen %v, %d bytes written", tb.Frozen(), out.n)
+	}
+}
+
+// countingWriter counts the bytes written to it.
+type countingWriter struct{ n int }
+
+func (w *countingWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p), nil }

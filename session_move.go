@@ -152,6 +152,9 @@ type SessionExportStats struct {
 // (ErrSessionLost).
 func (l *SessionListener) Export(ctx context.Context, w io.Writer, redirect []string) (SessionExportStats, error) {
 	var st SessionExportStats
+	if err := ctx.Err(); err != nil {
+		return st, err // no session stopped, nothing written
+	}
 	rd, err := failover.AppendRedirect(nil, redirect)
 	if err != nil {
 		return st, fmt.Errorf("%w: session export: %w", ErrBadConfig, err)
@@ -260,6 +263,9 @@ type SessionImport struct {
 // sessions' state, then the table, which it imports into t as Import
 // does. Nothing of the sessions runs until Listen.
 func (t *Table) ImportSessions(ctx context.Context, r io.Reader, o ImportOptions) (*SessionImport, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // nothing read
+	}
 	b := make([]byte, failover.HandoffPrefixLen)
 	if _, err := io.ReadFull(r, b); err != nil {
 		return nil, fmt.Errorf("%w: session hand-off: %w", ErrBadExport, err)
