@@ -22,7 +22,8 @@ import (
 type fineTimer struct {
 	c    chan struct{}
 	when time.Duration // since fineEpoch
-	idx  int           // in fine.h; -1 when not armed
+	on   bool          // armed and not yet fired or stopped
+	idx  int           // in fine.h; -1 when not in it
 	rt   *time.Timer   // without a timerfd
 }
 
@@ -36,7 +37,8 @@ func (t *fineTimer) reset(d time.Duration) {
 	fine.mu.Lock()
 	defer fine.mu.Unlock()
 	t.drain()
-	if !fine.start() {
+	t.when, t.on = time.Since(fineEpoch)+d, true
+	if testFineRuntime || !fine.start() {
 		if t.rt == nil {
 			t.rt = time.AfterFunc(d, t.fireUnlocked)
 		} else {
@@ -44,7 +46,6 @@ func (t *fineTimer) reset(d time.Duration) {
 		}
 		return
 	}
-	t.when = time.Since(fineEpoch) + d
 	if t.idx >= 0 {
 		heap.Fix(&fine.h, t.idx)
 	} else {
@@ -58,6 +59,7 @@ func (t *fineTimer) reset(d time.Duration) {
 // stop disarms t; its channel is empty after it.
 func (t *fineTimer) stop() {
 	fine.mu.Lock()
+	t.on = false
 	if t.idx >= 0 {
 		heap.Remove(&fine.h, t.idx)
 	}
@@ -76,16 +78,20 @@ func (t *fineTimer) drain() {
 }
 
 // fireUnlocked is fire for the runtime's timer, which does not hold
-// fine.mu.
+// fine.mu. Its callback may have begun before a stop or reset that held
+// the lock: it fires only for the arming in force, once due.
 func (t *fineTimer) fireUnlocked() {
 	fine.mu.Lock()
-	t.fire()
+	if t.on && time.Since(fineEpoch) >= t.when {
+		t.fire()
+	}
 	fine.mu.Unlock()
 }
 
 // fire sends the expiry. Under fine.mu, so that stop, which holds it,
 // leaves nothing behind.
 func (t *fineTimer) fire() {
+	t.on = false
 	select {
 	case t.c <- struct{}{}:
 	default:
@@ -93,6 +99,10 @@ func (t *fineTimer) fire() {
 }
 
 var fineEpoch = time.Now()
+
+// testFineRuntime, set by a test before any fineTimer is armed, makes
+// fineTimers the runtime's timers, as where there is no timerfd.
+var testFineRuntime bool
 
 // fine is the process's one clock of fineTimers.
 var fine fineClock

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"container/heap"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -10,6 +11,23 @@ import (
 // fires fires once, for its last arming; stop leaves its channel empty and
 // nothing fires after it.
 func TestFineTimer(t *testing.T) {
+	for _, rt := range []bool{false, true} {
+		t.Run(fineMode(rt), func(t *testing.T) {
+			testFineRuntime = rt
+			defer func() { testFineRuntime = false }()
+			testFineTimer(t)
+		})
+	}
+}
+
+func fineMode(runtime bool) string {
+	if runtime {
+		return "runtime"
+	}
+	return "timerfd"
+}
+
+func testFineTimer(t *testing.T) {
 	const n = 64
 	ts := make([]*fineTimer, n)
 	for i := range ts {
@@ -110,5 +128,35 @@ func TestFineHeap(t *testing.T) {
 	}
 	if last != 1000 {
 		t.Fatalf("last deadline %v, want the re-armed 1000", last)
+	}
+}
+
+// TestFineTimerStopRace: a timer stopped just as it expires leaves
+// nothing in its channel, with the timerfd and with the runtime's timers
+// (where the runtime's callback may be waiting for the lock stop holds).
+func TestFineTimerStopRace(t *testing.T) {
+	for _, rt := range []bool{false, true} {
+		t.Run(fineMode(rt), func(t *testing.T) {
+			testFineRuntime = rt
+			defer func() { testFineRuntime = false }()
+			tm := newFineTimer()
+			late := 0
+			for i := range 1000 {
+				tm.reset(time.Duration(i%5) * time.Microsecond)
+				for range i % 7 * 50 {
+					runtime.Gosched()
+				}
+				tm.stop()
+				time.Sleep(20 * time.Microsecond) // an expiry on its way lands
+				select {
+				case <-tm.C():
+					late++
+				default:
+				}
+			}
+			if late != 0 {
+				t.Fatalf("%d expiries came after stop", late)
+			}
+		})
 	}
 }
