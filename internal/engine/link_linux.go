@@ -547,9 +547,9 @@ func (l *fdLink) doCork(fd uintptr) {
 // copied every write so), the same bytes went at 3.5-3.6 GB/s, with less
 // system time (1.95 s against 2.34 in 3 s) for the user copy's 0.4 s;
 // as landed, scripts/veth-perf's median went from 0.74 to 0.96 of
-// tcp_bw (8 runs). On loopback, 512-byte send_bw gained a quarter;
-// 64 KiB Writes (three vectors) and small ping-pongs (three) are not
-// flattened and lose nothing.
+// tcp_bw (8 runs). On loopback the trial's 512-byte send_bw gained a
+// quarter; 64 KiB Writes (three vectors) and small ping-pongs (three) are
+// not flattened.
 const (
 	flatMinVecs = 8       // fewer vectors are not flattened
 	flatAvg     = 2 << 10 // nor vectors of more bytes on average
