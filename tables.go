@@ -343,9 +343,6 @@ type ExportStats struct {
 // frozen, since a write accepted here would not reach the new node; Thaw
 // resumes it (the import failed). Export may be repeated.
 func (t *Table) Export(ctx context.Context, w io.Writer) (ExportStats, error) {
-	if err := ctx.Err(); err != nil {
-		return ExportStats{}, err // nothing frozen, nothing written
-	}
 	st, err := t.t.Export(ctx, w, t.id.String())
 	return ExportStats{Regions: st.Regions, PDs: st.PDs, Files: st.Files, Bytes: st.Bytes, Drain: st.Drain, Copy: st.Copy}, err
 }
@@ -412,9 +409,6 @@ func (im *Imported) PD(s STag) *PD {
 // inconsistent stream fails with ErrBadExport, an STag whose index is in
 // use in t with ErrIndexInUse, a frozen t with ErrTableFrozen.
 func (t *Table) Import(ctx context.Context, r io.Reader, o ImportOptions) (*Imported, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err // nothing read, nothing registered
-	}
 	var pds []*PD
 	imp, err := t.t.Import(ctx, r, func() uint32 {
 		pd := t.AllocPD()

@@ -100,6 +100,9 @@ const exportChunk = 1 << 20
 // for the importer's information. On success the table stays frozen; on
 // failure a freeze Export made is undone.
 func (t *Table) Export(ctx context.Context, w io.Writer, identity string) (st ExportStats, err error) {
+	if err := ctx.Err(); err != nil {
+		return st, err // nothing frozen, nothing written
+	}
 	if len(identity) > 255 {
 		return st, fmt.Errorf("%w: identity of %d bytes", ErrBadExport, len(identity))
 	}
@@ -247,6 +250,9 @@ type Imported struct {
 // ErrBadExport, an STag whose index is in use with ErrIndexInUse, a frozen
 // table with ErrFrozen.
 func (t *Table) Import(ctx context.Context, rd io.Reader, newPD func() uint32, o ImportOptions) (*Imported, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // nothing read, nothing registered
+	}
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = DefaultImportMax
 	}
