@@ -589,7 +589,7 @@ func (l *fdLink) flatten(f *flatBufs) []mmsghdr {
 		}
 		start := p
 		for _, v := range vs {
-			p += copy(f.b[p:], unsafe.Slice(v.Base, v.Len))
+			p += wireCopy(f.b[p:], unsafe.Slice(v.Base, v.Len))
 		}
 		f.iov[k] = unix.Iovec{Base: &f.b[start]}
 		f.iov[k].SetLen(n)
