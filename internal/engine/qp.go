@@ -280,18 +280,20 @@ type QP struct {
 	rxTick   chan struct{}
 	// rxHand gives the path back to the receive goroutine (the watcher,
 	// reclaim.go); rxInline is set while a waiter holds it; waitDone is
-	// the last inline waiter's ctx.Done, if any, written under rxMu and
-	// waitMu (the watcher reads it under waitMu). watched is the
-	// watcher's flag: q is in its list.
+	// the last inline waiter's ctx.Done, if any, and waitStop ends the
+	// registration that rings the doorbell when it is done (ringFn),
+	// all under rxMu. watched is the watcher's flag: q is in its list.
 	rxHand chan struct{}
 	// abortWaits counts the sides (read, write) in failAborted.
 	abortWaits atomic.Int32
 	rxInline   atomic.Bool
-	waitMu     sync.Mutex
 	waitDone   <-chan struct{}
+	waitStop   func() bool
+	ringFn     func()
 	watched    atomic.Bool
 	rxDL       time.Time    // the read deadline the holder of the path last set
 	rxWakes    atomic.Int64 // times the receive goroutine woke to take the path (tests)
+	watchLooks atomic.Int64 // times the watcher looked at the queue pair (tests)
 	dcLooks    atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
 	rxStaged   atomic.Bool  // the receive path holds a staging buffer (tests)
 

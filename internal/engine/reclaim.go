@@ -11,28 +11,42 @@ import (
 // come back to, since an application that waits in a loop leaves between
 // every two waits, and taking the path from the receive goroutine costs a
 // doorbell (a read deadline) and two wake-ups. Only when it has not come
-// back for a whole reclaim period does the receive goroutine take the path
-// again, to place Writes, answer Reads and drain the socket. No event marks
-// an application that has stopped waiting, so that takes a clock; but one
-// clock, the watcher's, serves every queue pair, so waiting costs the same
-// with 1 queue pair as with thousands (issue 7, defect 8: a timer per queue
-// pair every 200 µs collapsed throughput with 64 active ones).
+// back since the watcher last looked does the receive goroutine take the
+// path again, to place Writes, answer Reads and drain the socket. No event
+// marks an application that has stopped waiting, so that takes a clock;
+// but one clock, the watcher's, serves every queue pair, so waiting costs
+// the same with 1 queue pair as with thousands (issue 7, defect 8: a timer
+// per queue pair every 200 µs collapsed throughput with 64 active ones).
 //
-// The watcher also looks at the contexts of inline waiters, which block on
-// their sockets without a deadline: a done context rings the waiter's
-// doorbell. Reading a context's channel costs nothing per wait, unlike a
-// read deadline set from the clock at every wait.
+// The clock must also stay quiet while applications wait in a loop. Any
+// clock that wakes the process costs a ping-pong: two processes trading 8
+// bytes over TCP, 5 runs of 60,000 round trips each, took 13.7 µs one way
+// (median) with nothing else in them, 16.0 with a timerfd expiring every
+// 2 ms, and 21.9 with a Go timer every 2 ms (a Go timer also makes every
+// wait of the netpoller one with a timeout). So the watcher looks at a
+// queue pair rxReclaim after its waiter first leaves, and then, for as long
+// as it finds the waiter came back and left again meanwhile (a loop), at
+// twice the last interval, up to rxReclaimMax: a loop costs the process a
+// look every rxReclaimMax. A path left for good goes back to the receive
+// goroutine at the first look that finds it has not been taken since the
+// last one: within 2×rxReclaim of the leave for a waiter that leaves once,
+// within 2×rxReclaimMax for one that looped before it stopped. The
+// watcher's clock is a fineTimer (a timerfd on Linux), not the runtime's
+// timer.
+//
+// Inline waiters' contexts need no watching: a context that can be done
+// rings the waiter's doorbell through context.AfterFunc (see
+// receiveInline).
 
-// rxReclaim is how long the receive path stays with an application that
-// received on it inline before the receive goroutine takes it back.
-const rxReclaim = 200 * time.Microsecond
+// rxReclaim is the first interval between the watcher's looks at a
+// receive path its waiter left; rxReclaimMax the longest, reached by a
+// waiter that keeps coming back.
+const (
+	rxReclaim    = 200 * time.Microsecond
+	rxReclaimMax = 20 * time.Millisecond
+)
 
-// ctxPoll is how often the contexts of inline waiters are looked at while
-// no receive path waits to be reclaimed.
-const ctxPoll = 2 * time.Millisecond
-
-// waitWatcher is the process's one watcher of left receive paths and
-// waiting contexts.
+// waitWatcher is the process's one watcher of left receive paths.
 var waitWatcher watcher
 
 type watcher struct {
@@ -41,33 +55,28 @@ type watcher struct {
 	started bool
 	idle    bool          // the goroutine waits on wake: nothing is watched
 	wake    chan struct{} // wakes it when something is
-	slow    bool          // ticking every ctxPoll: no path waits to be reclaimed
-	t       *time.Timer
-	// fast counts the rxReclaim ticks since contexts were last looked at:
-	// they are looked at every ctxPoll whatever the tick, so that the
-	// ticks that reclaim cost one glance per inline waiter, not a lock
-	// and a select (with hundreds of waiters that is most of the scan).
-	fast     int
-	ctxLooks int // contexts of inline waiters looked at (tests)
+	t       *fineTimer
+	next    time.Duration // when t fires (since fineEpoch); 0: not armed
+	looks   int           // queue pairs looked at (tests)
 }
 
-// watched is a queue pair under the watcher and the generation of its
-// receive path last seen (rxAppGen). The generation is kept here, not in
-// the QP: a write there at every look, beside the fields its receive path
-// writes at every wait, took the line from the core running that path,
-// once per queue pair and tick (issue 7: the watcher's cost grew with N).
+// watched is a queue pair under the watcher: the generation of its
+// receive path last seen (rxAppGen), the interval between two looks at it
+// and when the next is due (since fineEpoch). The generation is kept
+// here, not in the QP: a write there at every look, beside the fields its
+// receive path writes at every wait, took the line from the core running
+// that path, once per queue pair and tick (issue 7: the watcher's cost
+// grew with N).
 type watched struct {
-	q    *QP
-	seen uint64
+	q     *QP
+	seen  uint64
+	every time.Duration
+	due   time.Duration
 }
-
-// ctxEvery is how many rxReclaim ticks pass between two looks at the
-// contexts of inline waiters.
-const ctxEvery = int(ctxPoll / rxReclaim)
 
 // watch puts q under the watcher, if it is not already. Called by an
-// inline waiter as it leaves, and as it starts waiting with a context that
-// can be done.
+// inline waiter as it leaves, and by the receive goroutine as it yields
+// the path to a waiter that may not come.
 func (w *watcher) watch(q *QP) {
 	if q.watched.Load() {
 		return
@@ -75,133 +84,111 @@ func (w *watcher) watch(q *QP) {
 	w.mu.Lock()
 	if !q.watched.Load() {
 		q.watched.Store(true)
-		// seen: a leave just happened, or a wait began
-		w.qps = append(w.qps, watched{q, q.rxAppGen.Load() - 1})
+		due := time.Since(fineEpoch) + rxReclaim
+		w.qps = append(w.qps, watched{q: q, seen: q.rxAppGen.Load(), every: rxReclaim, due: due})
 		switch {
 		case !w.started:
 			// One goroutine for the process, which stays (parked when
 			// idle): starting one per busy period would allocate.
 			w.started = true
 			w.wake = make(chan struct{}, 1)
-			w.t = time.NewTimer(rxReclaim)
+			w.t = newFineTimer()
+			w.arm(due)
 			go w.run()
 		case w.idle:
 			w.idle = false
+			w.arm(due)
 			w.wake <- struct{}{}
-		case w.slow && !q.rxInline.Load():
-			w.slow = false
-			w.t.Reset(rxReclaim) // a path to reclaim: tick sooner
+		case due < w.next:
+			w.arm(due)
 		}
 	}
 	w.mu.Unlock()
 }
 
-// run ticks while queue pairs are watched.
+// arm sets the watcher's clock to fire at due (since fineEpoch). Under mu.
+func (w *watcher) arm(due time.Duration) {
+	w.next = due
+	w.t.reset(max(due-time.Since(fineEpoch), 0))
+}
+
+// run looks at the watched queue pairs as their looks fall due.
 func (w *watcher) run() {
-	for range w.t.C {
-		if w.tick() {
-			<-w.wake
-			w.t.Reset(rxReclaim)
+	for range w.t.C() {
+		if w.tick(time.Since(fineEpoch)) {
+			<-w.wake // armed by watch, which sends it
 		}
 	}
 }
 
-// tick scans once and sets the timer for the next scan; it reports true,
+// tick looks at the queue pairs whose looks are due at now, drops those
+// it is done with and sets the clock for the next look; it reports true,
 // setting none, when nothing is left to watch.
-func (w *watcher) tick() (idle bool) {
+func (w *watcher) tick(now time.Duration) (idle bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	full := w.slow || w.fast >= ctxEvery-1
-	if full {
-		w.fast = 0
-	} else {
-		w.fast++
-	}
-	reclaiming := w.scan(full)
-	switch {
-	case len(w.qps) == 0:
-		w.idle, w.slow = true, false
-		return true
-	case reclaiming:
-		w.slow = false
-		w.t.Reset(rxReclaim)
-	default:
-		w.slow = true
-		w.t.Reset(ctxPoll)
-	}
-	return false
-}
-
-// scan looks at every watched queue pair once and drops those it is done
-// with; it reports whether a receive path still waits to be reclaimed.
-// Inline waiters' contexts are looked at only if full.
-func (w *watcher) scan(full bool) (reclaiming bool) {
 	keep := w.qps[:0]
+	var next time.Duration
 	for _, e := range w.qps {
-		inline, ok := w.look(&e, full)
-		if ok {
-			keep = append(keep, e)
-			if !inline {
-				reclaiming = true
+		// A look falls due at e.due; it is taken early, with a look due
+		// now, once half its interval has passed (and rxReclaim since the
+		// last): so the looks at many queue pairs that loop fall on the
+		// same ticks, not each on its own.
+		if e.due <= now || e.due-e.every/2 <= now && e.due-e.every+rxReclaim <= now {
+			w.looks++
+			if !w.look(&e) {
+				continue
 			}
+			e.due = now + e.every
+		}
+		keep = append(keep, e)
+		if next == 0 || e.due < next {
+			next = e.due
 		}
 	}
 	clear(w.qps[len(keep):])
 	w.qps = keep
-	return reclaiming
+	if len(w.qps) == 0 {
+		w.idle, w.next = true, 0
+		return true
+	}
+	w.arm(next)
+	return false
 }
 
 // look acts on one queue pair and reports whether to keep watching it,
-// and whether a waiter held its path when looked at (rxInline, read once).
-// An inline waiter's context is looked at only if full.
-func (w *watcher) look(e *watched, full bool) (inline, keep bool) {
+// having set the interval to its next look.
+func (w *watcher) look(e *watched) (keep bool) {
 	q := e.q
-	gen := q.rxAppGen.Load()
-	inline = q.rxInline.Load()
-	if !full && inline {
-		// Its failure, if any, is seen at the next full look or after it
-		// leaves: one cache line less per waiter and tick.
-		e.seen = gen
-		return true, true
-	}
+	q.watchLooks.Add(1)
 	if q.State() == StateError {
 		q.watched.Store(false)
 		q.handRx() // its receive goroutine ends
-		return inline, false
+		return false
 	}
-	if inline {
-		w.ctxLooks++
-		q.waitMu.Lock()
-		if d := q.waitDone; d != nil {
-			select {
-			case <-d:
-				q.ring()
-			default:
-			}
-			q.waitMu.Unlock()
-			e.seen = gen
-			return true, true
-		}
-		q.waitMu.Unlock()
-		// A waiter that cannot be cancelled needs no watching until it
-		// leaves; leaving watches it again. Drop it the way an idle one
-		// is dropped below, so a leave is never missed.
-	} else if gen != e.seen {
-		e.seen = gen // came back and left within the period: wait another
-		return false, true
+	gen := q.rxAppGen.Load()
+	if gen != e.seen {
+		// Its waiter came back and left again since the last look: a
+		// loop. Look again later, and the later the longer it loops.
+		e.seen = gen
+		e.every = min(2*e.every, rxReclaimMax)
+		return true
 	}
+	// Not left since the last look: held by a waiter since then (who
+	// will watch it again as it leaves), or left for good.
 	q.watched.Store(false)
 	if q.rxAppGen.Load() != gen {
 		// A leave slipped in before the flag fell: keep watching, as its
 		// watch call saw the flag still up.
 		q.watched.Store(true)
-		e.seen = gen
-		return q.rxInline.Load(), true // it left: tick at rxReclaim
+		e.seen = q.rxAppGen.Load()
+		e.every = rxReclaim
+		return true
 	}
 	if !q.rxInline.Load() {
 		q.handRx()
 	}
-	return inline, false
+	return false
 }
 
 // handRx gives the receive path back to the receive goroutine: it takes

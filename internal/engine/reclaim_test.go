@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"testing"
@@ -108,6 +109,83 @@ func TestInlineWaitNoTicks(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("cancel did not end an inline wait")
 	}
+}
+
+// TestWaitsNeedNoClock: a waiter that waits inline with a context that
+// can be done, on an idle queue pair, and one that waits in a ping-pong
+// loop, keep the watcher's clock nearly still. It looked every 2 ms at
+// the contexts of inline waiters and every 200 µs at a path left for a
+// moment, and any clock that wakes a process costs a ping-pong (see
+// reclaim.go).
+func TestWaitsNeedNoClock(t *testing.T) {
+	r := tcpRig(t)
+	before := r.a.watchLooks.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err := r.acq.Wait(ctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait on an idle queue pair: %v, want the context's deadline", err)
+	}
+	if n := r.a.watchLooks.Load() - before; n > 2 {
+		t.Fatalf("the watcher looked %d times at a queue pair whose waiter waited 200 ms", n)
+	}
+
+	buf, _ := r.reg(t, 64, mem.LocalWrite)
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	// Each side keeps a receive posted before its peer can Send.
+	next := func(q *QP, cq *CQ) error {
+		var wc [4]Completion
+		for {
+			n := cq.Poll(wc[:])
+			for _, c := range wc[:n] {
+				if c.Status != Success {
+					return fmt.Errorf("completion %+v", c)
+				}
+				if c.Op == CompRecv {
+					return q.PostRecv(&RecvWR{SGL: []SGE{{MR: buf, Length: 64}}})
+				}
+			}
+			if n == 0 {
+				if err := cq.Wait(ctx); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	send := &SendWR{Op: OpSend, SGL: []SGE{{MR: buf, Length: 8}}}
+	for _, q := range []*QP{r.a, r.b} {
+		if err := q.PostRecv(&RecvWR{SGL: []SGE{{MR: buf, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for next(r.b, r.bcq) == nil && r.b.PostSend(send) == nil {
+		}
+	}()
+	before = r.a.watchLooks.Load()
+	start := time.Now()
+	rounds := 0
+	for time.Since(start) < 300*time.Millisecond {
+		if err := r.a.PostSend(send); err != nil {
+			t.Fatal(err)
+		}
+		if err := next(r.a, r.acq); err != nil {
+			t.Fatal(err)
+		}
+		rounds++
+	}
+	looks := r.a.watchLooks.Load() - before
+	cancel()
+	<-done
+	// Doubling from rxReclaim to rxReclaimMax takes 7 looks, then one per
+	// rxReclaimMax: about 22 in 300 ms.
+	if max := int64(300*time.Millisecond/rxReclaimMax) + 12; looks > max {
+		t.Fatalf("the watcher looked %d times in %d round trips (300 ms), want at most %d", looks, rounds, max)
+	}
+	t.Logf("%d round trips, %d looks", rounds, looks)
 }
 
 // TestReclaimLockStep: in lock step, a waits inline for b's Send, then
@@ -240,41 +318,90 @@ func TestProgressWakesOnFailure(t *testing.T) {
 	}
 }
 
-// TestWatcherCtxLooks: while a left receive path keeps the watcher ticking
-// every rxReclaim, the contexts of inline waiters are looked at once per
-// ctxPoll, not at every tick: with 256 queue pairs waiting, a lock and a
-// select for each of them every 200 µs was the watcher's cost (issue 7,
-// defect 8). The ticks are called directly, so no clock is involved.
-func TestWatcherCtxLooks(t *testing.T) {
-	w := &watcher{t: time.NewTimer(time.Hour)}
-	defer w.t.Stop()
-	const waiters, ticks = 8, 100
-	for range waiters {
-		q := &QP{}
+// TestWatcherBacksOff: the watcher looks at a left path rxReclaim after
+// the leave, then, while its waiter keeps coming back and leaving, at
+// intervals that double up to rxReclaimMax (a loop costs the process a
+// wake-up every rxReclaimMax, not every rxReclaim: issue 7, ping-pong
+// latency). A waiter that stops is found at the next look and its path
+// handed back; one that stays inline is dropped with its path kept. The
+// ticks are called directly with the times they run at.
+func TestWatcherBacksOff(t *testing.T) {
+	w := &watcher{t: newFineTimer()}
+	defer w.t.stop()
+	ready := func() *QP {
+		q := &QP{rxHand: make(chan struct{}, 1)}
 		q.state.Store(int32(StateReady))
-		q.rxInline.Store(true)
-		q.waitDone = make(chan struct{}) // a cancellable context, never done
-		q.watched.Store(true)
-		w.qps = append(w.qps, watched{q: q})
+		return q
 	}
-	left := &QP{} // a path its waiter keeps coming back to and leaving
-	left.state.Store(int32(StateReady))
-	left.watched.Store(true)
-	w.qps = append(w.qps, watched{q: left})
-	for range ticks {
-		left.rxAppGen.Add(1)
-		if w.tick() {
-			t.Fatal("the watcher went idle with queue pairs to watch")
+	loop, stays := ready(), ready()
+	stays.rxInline.Store(true)
+	now := time.Duration(0)
+	for _, q := range []*QP{loop, stays} {
+		q.watched.Store(true)
+		w.qps = append(w.qps, watched{q: q, seen: q.rxAppGen.Load(), every: rxReclaim, due: now + rxReclaim})
+	}
+	w.next = now + rxReclaim
+	var gaps []time.Duration
+	last := now
+	for len(gaps) < 12 {
+		loop.rxAppGen.Add(1) // came back and left again
+		now = w.next
+		if now == 0 {
+			t.Fatal("the watcher's clock is not set")
+		}
+		if w.tick(now) {
+			t.Fatal("the watcher went idle with a loop to watch")
+		}
+		gaps = append(gaps, now-last)
+		last = now
+	}
+	want := []time.Duration{rxReclaim, 2 * rxReclaim, 4 * rxReclaim}
+	for i, g := range want {
+		if gaps[i] != g {
+			t.Fatalf("looks %v apart, want %v first", gaps, want)
 		}
 	}
-	if len(w.qps) != waiters+1 {
-		t.Fatalf("watching %d queue pairs, want %d", len(w.qps), waiters+1)
+	if g := gaps[len(gaps)-1]; g != rxReclaimMax {
+		t.Fatalf("looks %v apart at the end, want %v", g, rxReclaimMax)
 	}
-	if max := waiters * (ticks/ctxEvery + 1); w.ctxLooks > max {
-		t.Fatalf("%d looks at contexts in %d ticks of %d waiters, want at most %d (once per ctxPoll)", w.ctxLooks, ticks, waiters, max)
+	if stays.watched.Load() || len(stays.rxHand) != 0 {
+		t.Fatal("a waiter that stayed inline is still watched, or its path was handed back")
 	}
-	if w.ctxLooks == 0 {
-		t.Fatal("the contexts of inline waiters were never looked at")
+	// The loop stops: its path goes back at the next look.
+	now = w.next
+	if !w.tick(now) {
+		t.Fatalf("still watching %d queue pairs", len(w.qps))
+	}
+	if loop.watched.Load() || len(loop.rxHand) != 1 {
+		t.Fatal("a path left for good was not handed back")
+	}
+
+	// Many loops, left first at different times, come to share ticks.
+	var loops []*QP
+	now = 0
+	for i := range 64 {
+		q := ready()
+		q.watched.Store(true)
+		at := time.Duration(i) * 300 * time.Microsecond
+		w.qps = append(w.qps, watched{q: q, seen: q.rxAppGen.Load(), every: rxReclaim, due: at + rxReclaim})
+		loops = append(loops, q)
+	}
+	w.next = rxReclaim
+	ticks := 0
+	for now < time.Second {
+		for _, q := range loops {
+			q.rxAppGen.Add(1)
+		}
+		now = w.next
+		if w.tick(now) {
+			t.Fatal("the watcher went idle with loops to watch")
+		}
+		if now > 800*time.Millisecond {
+			ticks++
+		}
+	}
+	if max := 3 * int(200*time.Millisecond/rxReclaimMax); ticks > max {
+		t.Fatalf("%d ticks in 200 ms for 64 loops, want at most %d", ticks, max)
 	}
 }
 

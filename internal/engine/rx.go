@@ -22,7 +22,7 @@ import (
 // blocks on the socket, except while an application goroutine waiting for
 // this QP's completions receives on it itself (see receiveInline); it takes
 // the path back when the watcher hands it over, the application having
-// left it idle for rxReclaim (see reclaim.go).
+// left it (see reclaim.go).
 func (q *QP) rxLoop() {
 	defer q.wg.Done()
 	for {
@@ -63,12 +63,30 @@ func (q *QP) rxLoop() {
 }
 
 // rxEnd ends, as the receive goroutine stops, the holds of a placement
-// that a waiter left in the middle of an FPDU. The path is free, or its
-// holder is in a read that the queue pair's failure or closing ends.
+// that a waiter left in the middle of an FPDU, and the last waiter's
+// context registration. The path is free, or its holder is in a read that
+// the queue pair's failure or closing ends.
 func (q *QP) rxEnd() {
 	q.rxMu.Lock()
 	q.rx.release()
+	q.watchCtx(context.Background(), nil)
 	q.rxMu.Unlock()
+}
+
+// watchCtx makes ctx, whose Done is d, the one whose end rings the
+// doorbell, in place of the last waiter's. Under rxMu.
+func (q *QP) watchCtx(ctx context.Context, d <-chan struct{}) {
+	if q.waitStop != nil {
+		q.waitStop()
+		q.waitStop = nil
+	}
+	q.waitDone = d
+	if d != nil {
+		if q.ringFn == nil {
+			q.ringFn = q.ring
+		}
+		q.waitStop = context.AfterFunc(ctx, q.ringFn)
+	}
 }
 
 // testHookRxFail, when set by a test before a queue pair starts, runs in
@@ -238,9 +256,8 @@ func (q *QP) failAborted(fallback error) bool {
 // asked the receive goroutine to yield, when that goroutine holds the path;
 // the caller then waits on rxFree. The read blocks in the netpoller with
 // no deadline; the doorbell (ring) wakes it for a completion from
-// elsewhere, and the watcher rings it when a cancellable ctx is done
-// (noticed within ctxPoll), so a wait costs no clock reading, deadline or
-// allocation.
+// elsewhere, or for ctx being done (see watchCtx), so a wait costs no
+// clock reading, deadline or allocation.
 func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	if s := q.State(); s != StateReady && s != StateClosing {
 		return false
@@ -254,19 +271,14 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	if cq != nil {
 		cq.setInline(q)
 	}
-	d := ctx.Done()
-	if d != q.waitDone {
-		// Only a new context takes the lock: a waiter that waits in a
-		// loop with one context sets it once. It is not cleared as the
-		// waiter leaves, since the watcher looks at it only while a
-		// waiter is inline (at worst it rings one that has just left:
-		// a doorbell rung for nothing is looked at and re-armed).
-		q.waitMu.Lock()
-		q.waitDone = d
-		q.waitMu.Unlock()
-	}
-	if d != nil {
-		waitWatcher.watch(q)
+	if d := ctx.Done(); d != q.waitDone {
+		// A context that can be done rings the doorbell when it is
+		// (context.AfterFunc), so the wait needs no clock. Only a new
+		// context registers: a waiter that waits in a loop with one
+		// context does it once. The registration stays as the waiter
+		// leaves (at worst it rings for a waiter that has left: a
+		// doorbell rung for nothing is looked at and re-armed).
+		q.watchCtx(ctx, d)
 	}
 	r := &q.rx
 	var failed error
