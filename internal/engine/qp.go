@@ -282,18 +282,20 @@ type QP struct {
 	// reclaim.go); rxInline is set while a waiter holds it; waitDone is
 	// the last inline waiter's ctx.Done, if any, and waitStop ends the
 	// registration that rings the doorbell when it is done (ringFn),
-	// all under rxMu. watched is the watcher's flag: q is in its list.
+	// all under rxMu (see watchCtx). watched is the watcher's flag: q is in its list.
 	rxHand chan struct{}
 	// abortWaits counts the sides (read, write) in failAborted.
 	abortWaits atomic.Int32
 	rxInline   atomic.Bool
 	waitDone   <-chan struct{}
 	waitStop   func() bool
+	waitKeep   bool // waitDone's registration outlives its wait (see watchCtx)
 	ringFn     func()
 	watched    atomic.Bool
 	rxDL       time.Time    // the read deadline the holder of the path last set
 	rxWakes    atomic.Int64 // times the receive goroutine woke to take the path (tests)
 	watchLooks atomic.Int64 // times the watcher looked at the queue pair (tests)
+	rings      atomic.Int64 // times its doorbell rang (tests)
 	dcLooks    atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
 	rxStaged   atomic.Bool  // the receive path holds a staging buffer (tests)
 

@@ -188,6 +188,62 @@ func TestWaitsNeedNoClock(t *testing.T) {
 	t.Logf("%d round trips, %d looks", rounds, looks)
 }
 
+// TestWaitContexts: a context made for one wait and cancelled as the wait
+// returns rings no doorbell afterwards (and starts no goroutine for it);
+// one that a loop waits with is registered twice in all, not per wait;
+// and either still ends a wait when it is done.
+func TestWaitContexts(t *testing.T) {
+	r := tcpRig(t)
+	buf, _ := r.reg(t, 64, mem.LocalWrite)
+	var wc [4]Completion
+	send := &SendWR{Op: OpSend, SGL: []SGE{{MR: buf, Length: 8}}}
+	round := func(ctx context.Context) {
+		t.Helper()
+		if err := r.a.PostRecv(&RecvWR{SGL: []SGE{{MR: buf, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.b.PostSend(send); err != nil {
+			t.Fatal(err)
+		}
+		for got := false; !got; {
+			if err := r.acq.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range wc[:r.acq.Poll(wc[:])] {
+				got = got || c.Op == CompRecv
+			}
+		}
+	}
+	rings := r.a.rings.Load()
+	for range 200 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		round(ctx)
+		cancel()
+	}
+	time.Sleep(10 * time.Millisecond) // for rings to come, if any
+	if n := r.a.rings.Load() - rings; n > 5 {
+		t.Fatalf("200 waits, each with a context cancelled as it returned, rang the doorbell %d times", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	round(ctx)
+	round(ctx)
+	if n := testing.AllocsPerRun(50, func() { round(ctx) }); n != 0 {
+		t.Fatalf("%v allocations per wait with one context", n)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- r.acq.Wait(ctx) }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancel did not end an inline wait with a registered context")
+	}
+}
+
 // TestReclaimLockStep: in lock step, a waits inline for b's Send, then
 // stops waiting while b Reads from a and Writes to a: a's receive
 // goroutine must take the path back to answer and place them, every time

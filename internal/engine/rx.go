@@ -69,23 +69,49 @@ func (q *QP) rxLoop() {
 func (q *QP) rxEnd() {
 	q.rxMu.Lock()
 	q.rx.release()
-	q.watchCtx(context.Background(), nil)
+	q.stopCtx()
 	q.rxMu.Unlock()
 }
 
 // watchCtx makes ctx, whose Done is d, the one whose end rings the
-// doorbell, in place of the last waiter's. Under rxMu.
+// doorbell, in place of the last waiter's. A context is registered for
+// the wait that brings it, and the registration ends as that wait does
+// (unwatchCtx): a context made for one wait, cancelled as it returns,
+// must not ring for nothing or start the goroutine that AfterFunc starts
+// for an end it sees. A context that comes back for a second wait is
+// taken for one that a loop waits with, and its registration stays until
+// another comes: a loop pays for two registrations, not one per wait.
+// Under rxMu.
 func (q *QP) watchCtx(ctx context.Context, d <-chan struct{}) {
-	if q.waitStop != nil {
-		q.waitStop()
-		q.waitStop = nil
+	switch {
+	case d != q.waitDone:
+		q.stopCtx()
+		q.waitDone, q.waitKeep = d, false
+	case q.waitStop == nil:
+		q.waitKeep = true // its second wait
+	default:
+		return // registered
 	}
-	q.waitDone = d
 	if d != nil {
 		if q.ringFn == nil {
 			q.ringFn = q.ring
 		}
 		q.waitStop = context.AfterFunc(ctx, q.ringFn)
+	}
+}
+
+// unwatchCtx ends, as a wait ends, the registration of a context made
+// for it (see watchCtx). Under rxMu.
+func (q *QP) unwatchCtx() {
+	if !q.waitKeep {
+		q.stopCtx()
+	}
+}
+
+func (q *QP) stopCtx() {
+	if q.waitStop != nil {
+		q.waitStop()
+		q.waitStop = nil
 	}
 }
 
@@ -271,15 +297,10 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	if cq != nil {
 		cq.setInline(q)
 	}
-	if d := ctx.Done(); d != q.waitDone {
-		// A context that can be done rings the doorbell when it is
-		// (context.AfterFunc), so the wait needs no clock. Only a new
-		// context registers: a waiter that waits in a loop with one
-		// context does it once. The registration stays as the waiter
-		// leaves (at worst it rings for a waiter that has left: a
-		// doorbell rung for nothing is looked at and re-armed).
-		q.watchCtx(ctx, d)
-	}
+	// A context that can be done rings the doorbell when it is
+	// (context.AfterFunc), so the wait needs no clock. (A ring for a
+	// waiter that has left is looked at and re-armed.)
+	q.watchCtx(ctx, ctx.Done())
 	r := &q.rx
 	var failed error
 	// ctx is looked at when the doorbell stops the read, not after every
@@ -310,6 +331,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	} else if s := q.State(); s != StateReady && s != StateClosing {
 		r.release() // failed meanwhile: no one will finish the FPDU
 	}
+	q.unwatchCtx()
 	q.rxInline.Store(false)
 	q.rxAppGen.Add(1)
 	q.rxMu.Unlock()
@@ -370,6 +392,7 @@ func (q *QP) Progress(ctx context.Context) error {
 // whether what it waits for has come. bell keeps the ring from being lost
 // when the receiver re-arms its deadline at the same moment.
 func (q *QP) ring() {
+	q.rings.Add(1)
 	q.bell.Store(true)
 	q.link.Conn().SetReadDeadline(time.Unix(1, 0))
 }
