@@ -30,7 +30,13 @@ import (
 // look every rxReclaimMax. A path left for good goes back to the receive
 // goroutine at the first look that finds it has not been taken since the
 // last one: within 2×rxReclaim of the leave for a waiter that leaves once,
-// within 2×rxReclaimMax for one that looped before it stopped. The
+// within 2×rxReclaimMax for one that looped before it stopped. That bound
+// is the price of the quiet clock: a client's Read of a server that waited
+// in a ping-pong loop, then stopped waiting, took 24-37 ms with
+// rxReclaimMax at 20 ms (1.2 ms when the watcher looked every 2 ms), hence
+// 5 ms. (Looking sooner at a loop found away, its application perhaps
+// busy elsewhere, made the looks follow the load: on two busy CPUs an
+// in-process ping-pong's waiter was found away at most looks.) The
 // watcher's clock is a fineTimer (a timerfd on Linux), not the runtime's
 // timer.
 //
@@ -43,7 +49,7 @@ import (
 // waiter that keeps coming back.
 const (
 	rxReclaim    = 200 * time.Microsecond
-	rxReclaimMax = 20 * time.Millisecond
+	rxReclaimMax = 5 * time.Millisecond
 )
 
 // waitWatcher is the process's one watcher of left receive paths.
