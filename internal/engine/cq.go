@@ -179,8 +179,8 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		var free chan struct{}
 		if only != nil {
 			if only.receiveInline(ctx, cq, cq.nonEmpty) {
-				if err := ctx.Err(); err != nil {
-					return err
+				if isDone(ctx.Done()) {
+					return ctx.Err()
 				}
 				continue
 			}

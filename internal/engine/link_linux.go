@@ -57,6 +57,7 @@ type fdLink struct {
 	wmsg    []mmsghdr
 	wsmall  *writeVecsSmall // arrays of a Writev of few vectors, made once
 	wflat   bool            // the write's records are copied for the call (see flatten)
+	wone    []byte          // the write's one contiguous record, sent with sendto (see Writev)
 	wn      int
 	werr    error
 	wblock  bool
@@ -363,7 +364,13 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 	linkRelease(l.race)
 	var n uintptr
 	var e syscall.Errno
-	if len(msgs) == 1 {
+	if b := l.wone; b != nil {
+		// One buffer: sendto, with no msghdr or vectors to copy in.
+		n, _, e = unix.Syscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), flags, 0, 0)
+		if e == 0 {
+			msgs[0].len, n = uint32(n), 1
+		}
+	} else if len(msgs) == 1 {
 		n, _, e = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msgs[0].hdr)), flags)
 		if e == 0 {
 			msgs[0].len, n = uint32(n), 1
@@ -405,9 +412,16 @@ var writeVecFree = newFreeList(1024, func() *writeVecs { return new(writeVecs) }
 // queue pairs of a process ping-ponged. It is made at the first such
 // write, so a link that never writes holds none.
 type writeVecsSmall struct {
-	iov [smallIov]unix.Iovec
-	msg [smallMsg]mmsghdr
+	iov  [smallIov]unix.Iovec
+	msg  [smallMsg]mmsghdr
+	tiny [tinyMax]byte
 }
+
+// tinyMax bounds a write of one record that is copied into one buffer
+// and sent with sendto(2) (a ping-pong's FPDU: header, payload and CRC in
+// three vectors): sendmsg copies in the msghdr and its vectors and walks
+// them.
+const tinyMax = 256
 
 const (
 	smallIov = 8
@@ -450,6 +464,18 @@ func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 	if len(l.wmsg) == 0 {
 		return 0, nil
 	}
+	l.wone = nil
+	if len(l.wmsg) == 1 && (len(l.wiov) == 1 || small && total <= tinyMax) {
+		if len(l.wiov) == 1 {
+			l.wone = unsafe.Slice(l.wiov[0].Base, l.wiov[0].Len)
+		} else {
+			p := 0
+			for _, v := range l.wiov {
+				p += wireCopy(l.wsmall.tiny[p:], unsafe.Slice(v.Base, v.Len))
+			}
+			l.wone = l.wsmall.tiny[:p]
+		}
+	}
 	l.wflat = !small && len(l.wiov) >= flatMinVecs && total <= len(l.wiov)*flatAvg
 	// Where FPDUs fill segments (see txState.place), TCP must cut the
 	// stream only at multiples of the MSS. With TCP_NODELAY (Go's default)
@@ -474,6 +500,7 @@ func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
 	err := l.rc.Write(l.wfunc)
 	clear(l.wiov) // drop the references to the buffers
 	clear(l.wmsg)
+	l.wone = nil
 	if err != nil {
 		return 0, err
 	}

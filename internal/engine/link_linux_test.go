@@ -602,3 +602,62 @@ func TestFlatWriteWaitsWithoutBuffer(t *testing.T) {
 		t.Fatal("the peer read other bytes than were written")
 	}
 }
+
+// TestWritevOneRecord: a write of one record, in one vector or in
+// several of at most tinyMax bytes in all (sent from one buffer with
+// sendto), or more (sendmsg), arrives whole and in order, with nothing
+// allocated.
+func TestWritevOneRecord(t *testing.T) {
+	a, b := tcpPair(t)
+	l := NewLink(a).(*fdLink)
+	var want []byte
+	var r uint64 = 7
+	for size := 1; size <= tinyMax+40; size += 3 {
+		for nv := 1; nv <= 4; nv++ {
+			bufs := make([][]byte, nv)
+			left := size
+			for i := range bufs {
+				k := left / (nv - i)
+				left -= k
+				bufs[i] = make([]byte, k)
+				for j := range bufs[i] {
+					r = r*6364136223846793005 + 1442695040888963407
+					bufs[i][j] = byte(r >> 40)
+				}
+				want = append(want, bufs[i]...)
+			}
+			var records []int
+			if nv%2 == 0 {
+				records = []int{nv} // the record's end given, or not
+			}
+			for len(bufs) > 0 {
+				n, err := l.Writev(bufs, records, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				bufs, records = resumeWrite(bufs, records, n)
+			}
+		}
+	}
+	got := make([]byte, len(want))
+	b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(b, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the bytes read are not those written")
+	}
+	go io.Copy(io.Discard, b)
+	three := [][]byte{make([]byte, 16), make([]byte, 8), make([]byte, 6)}
+	one := [][]byte{make([]byte, 1000)}
+	if avg := testing.AllocsPerRun(100, func() {
+		if _, err := l.Writev(three, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Writev(one, nil, true); err != nil {
+			t.Fatal(err)
+		}
+	}); avg != 0 {
+		t.Fatalf("%v allocations per write", avg)
+	}
+}

@@ -300,12 +300,13 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	// A context that can be done rings the doorbell when it is
 	// (context.AfterFunc), so the wait needs no clock. (A ring for a
 	// waiter that has left is looked at and re-armed.)
-	q.watchCtx(ctx, ctx.Done())
+	d := ctx.Done()
+	q.watchCtx(ctx, d)
 	r := &q.rx
 	var failed error
 	// ctx is looked at when the doorbell stops the read, not after every
-	// FPDU: its Err takes a lock.
-	for live := ctx.Err() == nil; live && !done(); {
+	// FPDU, through its Done channel (its Err takes a lock).
+	for live := !isDone(d); live && !done(); {
 		if s := q.State(); s != StateReady && s != StateClosing {
 			break
 		}
@@ -319,7 +320,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 			// done. Look again.
 			q.bell.Store(false)
 			q.rearm()
-			live = ctx.Err() == nil
+			live = !isDone(d)
 		}
 	}
 	r.answerNow()
@@ -374,7 +375,10 @@ func (q *QP) Progress(ctx context.Context) error {
 			}
 			return q.rx.fpdus != start
 		}) {
-			return ctx.Err()
+			if isDone(ctx.Done()) {
+				return ctx.Err()
+			}
+			return nil
 		}
 		select {
 		case <-q.rxFree:
@@ -384,6 +388,17 @@ func (q *QP) Progress(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+}
+
+// isDone reports whether d, a context's Done channel, is closed; nil
+// never is. Cheaper than the context's Err, which takes a lock.
+func isDone(d <-chan struct{}) bool {
+	select {
+	case <-d:
+		return true
+	default:
+		return false
 	}
 }
 
