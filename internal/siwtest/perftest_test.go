@@ -132,61 +132,80 @@ func (s *suite) perftestLatClient(t *testing.T, c perfCase) {
 // perftestServer: gowarp perftest as the server, ib_* -R in the guest as
 // its client, for every test.
 func (s *suite) perftestServer(t *testing.T, c perfCase) {
-	s.retriedRun(t, c, func(ctx context.Context, c perfCase) (detail string, problems []string) {
-		fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
-		args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve),
-			"-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
-		h, err := startHost(ctx, s.bin, append(args, c.test)...)
-		if err != nil {
-			t.Fatal(err)
+	s.retriedRun(t, c, func(ctx context.Context, c perfCase) (string, []string) {
+		detail, problems, busy := s.perftestServerOnce(ctx, t, c)
+		if busy {
+			// The guest's rdma_cm could not bind a local port for its
+			// connect (EADDRNOTAVAIL), so nothing reached gowarp: the
+			// guest-side failure docs/interop.md §1 describes for
+			// rdma_client and rping (seen once here, send_bw, 2026-12-05).
+			// Once more, and said.
+			t.Logf("guest ib_%s could not connect (EADDRNOTAVAIL in the guest); once more. First run:\n%s", c.test, strings.Join(problems, "\n"))
+			detail, problems, _ = s.perftestServerOnce(ctx, t, c)
+			detail += " (second run: the guest's connect hit EADDRNOTAVAIL the first time)"
 		}
-		time.Sleep(300 * time.Millisecond) // let it listen
-		rc, gout, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d %s %s",
-			c.test, guestServePort, c.iters, c.size, hostFromGuest, stderr), 3*time.Minute)
-		if err != nil || rc != 0 {
-			fail("guest ib_%s client: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
-		}
-		out, err := h.wait(ctx)
-		if err != nil {
-			fail("gowarp perftest server: %v\n%s", err, tail([]byte(out), 3000))
-		}
-		if c.lat() {
-			mine, theirs := latLine.FindStringSubmatch(out), latLine.FindStringSubmatch(gout)
-			if c.test == "read_lat" {
-				// Only the client measures; the server answered its Reads.
-				if theirs == nil || !strings.Contains(out, "answered its Reads") {
-					fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
-					return "", problems
-				}
-				plausibleLat(theirs, nil, c, fail)
-				return fmt.Sprintf("siw's client measured %s µs typical (avg %s) reading from gowarp", theirs[5], theirs[6]), problems
-			}
-			if mine == nil || theirs == nil {
+		return detail, problems
+	})
+}
+
+// perftestServerOnce runs gowarp perftest as the server of ib_<test> -R in
+// the guest once. busy reports the guest's connect failing for want of a
+// local address (EADDRNOTAVAIL) before anything reached gowarp.
+func (s *suite) perftestServerOnce(ctx context.Context, t *testing.T, c perfCase) (detail string, problems []string, busy bool) {
+	fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+	args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve),
+		"-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
+	h, err := startHost(ctx, s.bin, append(args, c.test)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // let it listen
+	rc, gout, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d %s %s",
+		c.test, guestServePort, c.iters, c.size, hostFromGuest, stderr), 3*time.Minute)
+	if err != nil || rc != 0 {
+		fail("guest ib_%s client: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
+	}
+	out, err := h.wait(ctx)
+	if err != nil {
+		fail("gowarp perftest server: %v\n%s", err, tail([]byte(out), 3000))
+	}
+	busy = rc != 0 && strings.Contains(gout, "Cannot assign requested address") && strings.Contains(out, "data connection: context deadline exceeded")
+	if c.lat() {
+		mine, theirs := latLine.FindStringSubmatch(out), latLine.FindStringSubmatch(gout)
+		if c.test == "read_lat" {
+			// Only the client measures; the server answered its Reads.
+			if theirs == nil || !strings.Contains(out, "answered its Reads") {
 				fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
-				return "", problems
+				return "", problems, busy
 			}
-			plausibleLat(mine, theirs, c, fail)
-			return fmt.Sprintf("gowarp measured %s µs typical (avg %s); siw's client %s µs typical (avg %s)", mine[5], mine[6], theirs[5], theirs[6]), problems
+			plausibleLat(theirs, nil, c, fail)
+			return fmt.Sprintf("siw's client measured %s µs typical (avg %s) reading from gowarp", theirs[5], theirs[6]), problems, busy
 		}
-		mine, theirs := reportLine.FindStringSubmatch(out), reportLine.FindStringSubmatch(gout)
 		if mine == nil || theirs == nil {
 			fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
-			return "", problems
+			return "", problems, busy
 		}
-		if mine[1] != theirs[1] || mine[2] != theirs[2] || mine[1] != strconv.Itoa(c.size) || mine[2] != strconv.Itoa(c.iters) {
-			fail("gowarp's report is for %s × %s, siw's client's %s × %s, want %d × %d", mine[1], mine[2], theirs[1], theirs[2], c.size, c.iters)
+		plausibleLat(mine, theirs, c, fail)
+		return fmt.Sprintf("gowarp measured %s µs typical (avg %s); siw's client %s µs typical (avg %s)", mine[5], mine[6], theirs[5], theirs[6]), problems, busy
+	}
+	mine, theirs := reportLine.FindStringSubmatch(out), reportLine.FindStringSubmatch(gout)
+	if mine == nil || theirs == nil {
+		fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)
+		return "", problems, busy
+	}
+	if mine[1] != theirs[1] || mine[2] != theirs[2] || mine[1] != strconv.Itoa(c.size) || mine[2] != strconv.Itoa(c.iters) {
+		fail("gowarp's report is for %s × %s, siw's client's %s × %s, want %d × %d", mine[1], mine[2], theirs[1], theirs[2], c.size, c.iters)
+	}
+	if c.test == "send_bw" {
+		if bw, _ := strconv.ParseFloat(mine[4], 64); bw <= 0 {
+			fail("gowarp's send_bw server measured %s MB/s", mine[4])
 		}
-		if c.test == "send_bw" {
-			if bw, _ := strconv.ParseFloat(mine[4], 64); bw <= 0 {
-				fail("gowarp's send_bw server measured %s MB/s", mine[4])
-			}
-			return fmt.Sprintf("gowarp received at %s MB/s avg; siw's client sent at %s MB/s avg (peak %s)", mine[4], theirs[4], theirs[3]), problems
-		}
-		// write_bw and read_bw servers print the client's report, received
-		// over the control connection.
-		if mine[3] != theirs[3] || mine[4] != theirs[4] || mine[5] != theirs[5] {
-			fail("gowarp printed %v, siw's client %v", mine[1:], theirs[1:])
-		}
-		return fmt.Sprintf("siw's client measured %s MB/s avg (peak %s), gowarp printed the same", theirs[4], theirs[3]), problems
-	})
+		return fmt.Sprintf("gowarp received at %s MB/s avg; siw's client sent at %s MB/s avg (peak %s)", mine[4], theirs[4], theirs[3]), problems, busy
+	}
+	// write_bw and read_bw servers print the client's report, received
+	// over the control connection.
+	if mine[3] != theirs[3] || mine[4] != theirs[4] || mine[5] != theirs[5] {
+		fail("gowarp printed %v, siw's client %v", mine[1:], theirs[1:])
+	}
+	return fmt.Sprintf("siw's client measured %s MB/s avg (peak %s), gowarp printed the same", theirs[4], theirs[3]), problems, busy
 }
