@@ -159,7 +159,9 @@ func (s *suite) perftestServerOnce(ctx context.Context, t *testing.T, c perfCase
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // let it listen
+	if !waitListen(ctx, s.v.serve, 30*time.Second) {
+		t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
+	}
 	rc, gout, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d %s %s",
 		c.test, guestServePort, c.iters, c.size, hostFromGuest, stderr), 3*time.Minute)
 	if err != nil || rc != 0 {

@@ -92,7 +92,9 @@ func (s *suite) rdmaClientServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // let it listen
+	if !waitListen(ctx, s.v.serve, 30*time.Second) {
+		t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
+	}
 	// rdma_connect in the guest now and then fails at once with
 	// EADDRNOTAVAIL (seen in 1 of about 8 suite runs, at session 5): the
 	// local port rdma_cm picked could not be bound for siw's TCP

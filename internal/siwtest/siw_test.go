@@ -325,7 +325,9 @@ func (s *suite) guestClient(t *testing.T, c pingCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // let it listen
+	if !waitListen(ctx, s.v.serve, 30*time.Second) {
+		t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
+	}
 	v := ""
 	if c.size <= 5000 {
 		v = "-v"

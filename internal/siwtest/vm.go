@@ -200,3 +200,29 @@ func (h *hostCmd) wait(ctx context.Context) (string, error) {
 		return h.out.String(), errors.Join(ctx.Err(), h.err)
 	}
 }
+
+// waitListen waits until a socket listens on TCP port (from /proc/net/tcp
+// and tcp6), at most d, and reports whether one did. A host server the
+// guest's client dials must listen first: a fixed pause after starting it
+// was not always enough on a loaded host (the guest's ib_read_bw met no
+// listener, 2026-12-05).
+func waitListen(ctx context.Context, port int, d time.Duration) bool {
+	want := fmt.Sprintf(":%04X ", port)
+	deadline := time.Now().Add(d)
+	for {
+		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+			b, _ := os.ReadFile(f)
+			for _, line := range strings.Split(string(b), "\n") {
+				fields := strings.Fields(line)
+				// sl local_address rem_address st: st 0A is LISTEN.
+				if len(fields) > 3 && strings.HasSuffix(fields[1]+" ", want) && fields[3] == "0A" {
+					return true
+				}
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
