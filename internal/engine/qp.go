@@ -282,7 +282,8 @@ type QP struct {
 	// reclaim.go); rxInline is set while a waiter holds it; waitDone is
 	// the last inline waiter's ctx.Done, if any, and waitStop ends the
 	// registration that rings the doorbell when it is done (ringFn),
-	// all under rxMu (see watchCtx). watched is the watcher's flag: q is in its list.
+	// all under rxMu (see watchCtx). watched is the watcher's flag: q is
+	// in its list.
 	rxHand chan struct{}
 	// abortWaits counts the sides (read, write) in failAborted.
 	abortWaits atomic.Int32
@@ -332,6 +333,7 @@ func NewQP(cfg Config) (*QP, error) {
 		done:   make(chan struct{}),
 		failed: make(chan struct{}),
 	}
+	q.ringFn = q.ring // made once: a context's registration takes no new one
 	cfg.SendCQ.attach(q)
 	if cfg.RecvCQ != cfg.SendCQ {
 		cfg.RecvCQ.attach(q)

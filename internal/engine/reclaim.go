@@ -22,23 +22,24 @@ import (
 // clock that wakes the process costs a ping-pong: two processes trading 8
 // bytes over TCP, 5 runs of 60,000 round trips each, took 13.7 µs one way
 // (median) with nothing else in them, 16.0 with a timerfd expiring every
-// 2 ms, and 21.9 with a Go timer every 2 ms (a Go timer also makes every
-// wait of the netpoller one with a timeout). So the watcher looks at a
-// queue pair rxReclaim after its waiter first leaves, and then, for as long
-// as it finds the waiter came back and left again meanwhile (a loop), at
-// twice the last interval, up to rxReclaimMax: a loop costs the process a
-// look every rxReclaimMax. A path left for good goes back to the receive
-// goroutine at the first look that finds it has not been taken since the
-// last one: within 2×rxReclaim of the leave for a waiter that leaves once,
-// within 2×rxReclaimMax for one that looped before it stopped. That bound
-// is the price of the quiet clock: a client's Read of a server that waited
-// in a ping-pong loop, then stopped waiting, took 24-37 ms with
-// rxReclaimMax at 20 ms (1.2 ms when the watcher looked every 2 ms), hence
-// 5 ms. (Looking sooner at a loop found away, its application perhaps
-// busy elsewhere, made the looks follow the load: on two busy CPUs an
-// in-process ping-pong's waiter was found away at most looks.) The
-// watcher's clock is a fineTimer (a timerfd on Linux), not the runtime's
-// timer.
+// 2 ms, and 21.9 with a Go timer every 2 ms (while a Go timer is pending,
+// the runtime's findRunnable gives every netpoller wait a timeout; that
+// this is the extra cost is our reading, not measured). So the watcher
+// looks at a queue pair rxReclaim after its waiter first leaves, and
+// then, for as long as it finds the waiter came back and left again
+// meanwhile (a loop), at twice the last interval, up to rxReclaimMax: a
+// loop costs the process a look every rxReclaimMax. A path left for good
+// goes back to the receive goroutine at the first look that finds it has
+// not been taken since the last one: within 2×rxReclaim of the leave for
+// a waiter that leaves once, within 2×rxReclaimMax for one that looped
+// before it stopped. That bound is the price of the quiet clock: a
+// client's Read of a server that waited in a ping-pong loop, then stopped
+// waiting, took 24-37 ms with rxReclaimMax at 20 ms (1.2-3.6 ms when the
+// watcher looked every 2 ms), hence 5 ms. (Looking sooner at a loop found
+// away, its application perhaps busy elsewhere, made the looks follow the
+// load: on two busy CPUs an in-process ping-pong's waiter was found away
+// at most looks.) The watcher's clock is a fineTimer (a timerfd on
+// Linux), not the runtime's timer.
 //
 // Inline waiters' contexts need no watching: a context that can be done
 // rings the waiter's doorbell through context.AfterFunc (see
@@ -63,7 +64,6 @@ type watcher struct {
 	wake    chan struct{} // wakes it when something is
 	t       *fineTimer
 	next    time.Duration // when t fires (since fineEpoch); 0: not armed
-	looks   int           // queue pairs looked at (tests)
 }
 
 // watched is a queue pair under the watcher: the generation of its
@@ -141,7 +141,6 @@ func (w *watcher) tick(now time.Duration) (idle bool) {
 		// last): so the looks at many queue pairs that loop fall on the
 		// same ticks, not each on its own.
 		if e.due <= now || e.due-e.every/2 <= now && e.due-e.every+rxReclaim <= now {
-			w.looks++
 			if !w.look(&e) {
 				continue
 			}

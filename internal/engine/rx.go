@@ -93,9 +93,6 @@ func (q *QP) watchCtx(ctx context.Context, d <-chan struct{}) {
 		return // registered
 	}
 	if d != nil {
-		if q.ringFn == nil {
-			q.ringFn = q.ring
-		}
 		q.waitStop = context.AfterFunc(ctx, q.ringFn)
 	}
 }

@@ -171,7 +171,7 @@ func (s *suite) perftestServerOnce(ctx context.Context, t *testing.T, c perfCase
 	if err != nil {
 		fail("gowarp perftest server: %v\n%s", err, tail([]byte(out), 3000))
 	}
-	busy = rc != 0 && strings.Contains(gout, "Cannot assign requested address") && strings.Contains(out, "data connection: context deadline exceeded")
+	busy = guestAddrBusy(rc, gout) && strings.Contains(out, "data connection: context deadline exceeded")
 	if c.lat() {
 		mine, theirs := latLine.FindStringSubmatch(out), latLine.FindStringSubmatch(gout)
 		if c.test == "read_lat" {

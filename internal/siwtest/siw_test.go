@@ -335,7 +335,7 @@ func (s *suite) guestClient(t *testing.T, c pingCase) {
 	cmd := fmt.Sprintf("rping -c -a %s -p %d %s -V -C %d -S %d %s", hostFromGuest, guestServePort, v, c.count, c.size, stderr)
 	// A run takes seconds; 75 s leaves room for one more within ctx.
 	rc, gout, err := s.v.run(ctx, cmd, 75*time.Second)
-	if err == nil && rc != 0 && strings.Contains(gout, "rdma_connect: Cannot assign requested address") {
+	if err == nil && guestAddrBusy(rc, gout) {
 		// EADDRNOTAVAIL from the guest's own connect (after which rping
 		// hangs until killed): no SYN left the guest (seen once in a
 		// loaded run, perhaps rdma_cm's random port colliding with one in
