@@ -8,13 +8,13 @@ package engine
 // Thousands of queue pairs that wait hold none; one that streams keeps
 // its own.
 
-// stagingFree keeps as many buffers as were ever held at once, up to
-// 1024 (64 MiB). A queue pair holds its own from the read that wakes it
-// until it waits again with nothing staged, and with several operations
-// in flight it often has part of the next FPDU staged: with 256 such
-// queue pairs on two cores (BenchmarkManyQPs N=256) more than 32 held one
-// at once, and a list of 32 dropped and made 64 KiB buffers at ~500 bytes
-// per operation.
+// stagingFree keeps as many buffers as were held at once, up to 1024
+// (64 MiB), less what garbage collections find unused (see freeList). A
+// queue pair holds its own from the read that wakes it until it waits
+// again with nothing staged, and with several operations in flight it
+// often has part of the next FPDU staged: with 256 such queue pairs on
+// two cores (BenchmarkManyQPs N=256) more than 32 held one at once, and a
+// list of 32 dropped and made 64 KiB buffers at ~500 bytes per operation.
 var stagingFree = newFreeList(1024, func() *[rxStaging]byte { return new([rxStaging]byte) })
 
 // getStaging takes a staging buffer as r's and returns it.
