@@ -12,10 +12,10 @@ import (
 // It is not a sync.Pool: a pool is emptied by the GC's second cycle
 // without use and, under the race detector, drops a quarter of what is
 // put at random, so a post would allocate a buffer now and then. The
-// stack keeps as many buffers as were out at once (up to limit), so
-// that the busiest moment's load, however many queue pairs it takes, runs
-// again without allocating; the most recently given back (the warmest in
-// cache) is taken first. The lock is held for a few instructions, once
+// stack keeps every buffer given back (up to limit), as many as were out
+// at once, so that the busiest moment's load, however many queue pairs
+// it takes, runs again without allocating; the most recently given back
+// (the warmest in cache) is taken first. The lock is held for a few instructions, once
 // per batch or wait rather than per FPDU.
 //
 // What a burst left behind does not stay for ever, though: at each
@@ -25,11 +25,12 @@ import (
 // leaving (Go collects at least every two minutes), while buffers in use
 // between two collections are kept.
 type freeList[T any] struct {
-	mu    sync.Mutex
-	free  []*T
-	out   int // buffers taken and not given back
-	peak  int // the most out at once since the last trim: how many the list keeps
-	low   int // the fewest free since the last trim: buffers none took
+	mu   sync.Mutex
+	free []*T
+	out  int // buffers taken and not given back
+	// low is the fewest free since the last trim: buffers none took. It
+	// is at most len(free), which only a get lowers.
+	low   int
 	limit int
 	make  func() *T
 }
@@ -46,7 +47,6 @@ func newFreeList[T any](limit int, mk func() *T) *freeList[T] {
 func (f *freeList[T]) get() *T {
 	f.mu.Lock()
 	f.out++
-	f.peak = max(f.peak, f.out)
 	if n := len(f.free); n > 0 {
 		b := f.free[n-1]
 		f.free[n-1] = nil
@@ -55,7 +55,6 @@ func (f *freeList[T]) get() *T {
 		f.mu.Unlock()
 		return b
 	}
-	f.low = 0
 	f.mu.Unlock()
 	return f.make()
 }
@@ -64,7 +63,7 @@ func (f *freeList[T]) get() *T {
 func (f *freeList[T]) put(b *T) {
 	f.mu.Lock()
 	f.out--
-	if len(f.free) < min(f.peak, f.limit) {
+	if len(f.free) < f.limit {
 		f.free = append(f.free, b)
 	}
 	f.mu.Unlock()
@@ -72,18 +71,15 @@ func (f *freeList[T]) put(b *T) {
 
 // trim lets go of half the buffers none took since the last trim (half
 // rounded up, so that the last one goes too), the coldest first: the
-// bottom of the stack. What stays is what the list keeps until a larger
-// load comes.
+// bottom of the stack.
 func (f *freeList[T]) trim() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	drop := (min(f.low, len(f.free)) + 1) / 2
-	if drop > 0 {
+	if drop := (f.low + 1) / 2; drop > 0 {
 		n := copy(f.free, f.free[drop:])
 		clear(f.free[n:])
 		f.free = f.free[:n]
 	}
-	f.peak = f.out + len(f.free)
 	f.low = len(f.free)
 }
 

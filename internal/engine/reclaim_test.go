@@ -83,12 +83,7 @@ func TestInlineWaitNoTicks(t *testing.T) {
 	r := tcpRig(t)
 	for range 3 {
 		before := r.a.rxWakes.Load()
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		err := r.acq.Wait(ctx)
-		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Wait on an idle queue pair: %v, want the context's deadline", err)
-		}
+		waitTimesOut(t, r.acq, 100*time.Millisecond)
 		// One hand-back may come as the waiter leaves; a ticking receive
 		// goroutine woke about 500 times.
 		if n := r.a.rxWakes.Load() - before; n > 3 {
@@ -98,6 +93,17 @@ func TestInlineWaitNoTicks(t *testing.T) {
 	// A cancelled context (no deadline) ends an inline wait too.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancelEndsWait(t, r.acq, ctx, cancel)
+}
+
+// waitTimesOut waits on cq, idle, with a context that times out after d,
+// and checks that the wait ends with the context's deadline.
+func waitTimesOut(t *testing.T, cq *CQ, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := cq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait on an idle queue pair: %v, want the context's deadline", err)
+	}
 }
 
 // cancelEndsWait checks that cancel, called while a goroutine waits on cq
@@ -127,18 +133,13 @@ func cancelEndsWait(t *testing.T, cq *CQ, ctx context.Context, cancel func()) {
 func TestWaitsNeedNoClock(t *testing.T) {
 	r := tcpRig(t)
 	before := r.a.watchLooks.Load()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	err := r.acq.Wait(ctx)
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Wait on an idle queue pair: %v, want the context's deadline", err)
-	}
+	waitTimesOut(t, r.acq, 200*time.Millisecond)
 	if n := r.a.watchLooks.Load() - before; n > 2 {
 		t.Fatalf("the watcher looked %d times at a queue pair whose waiter waited 200 ms", n)
 	}
 
 	buf, _ := r.reg(t, 64, mem.LocalWrite)
-	ctx, cancel = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Each side keeps a receive posted before its peer can Send.
 	next := func(q *QP, cq *CQ) error {
