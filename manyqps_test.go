@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -22,11 +23,28 @@ import (
 // (both sides) per operation.
 func BenchmarkManyQPs(b *testing.B) {
 	for _, n := range []int{1, 16, 64, 256} {
-		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { benchManyQPs(b, n) })
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { benchManyQPs(b, n, gowarp.ConnectOptions{}) })
 	}
 }
 
-func benchManyQPs(b *testing.B, n int) {
+// BenchmarkManyQPsBusyPoll is BenchmarkManyQPs with a 10 µs busy poll on
+// every queue pair (ConnectOptions.BusyPoll). On the 2-CPU VM this was
+// measured on, N=256 lost a tenth of N=64's rate mostly to idle CPU (6-10 %
+// against plain TCP's 1-4 %, vmstat): the Go runtime woke a thread for
+// an idle P and Linux queued it on the busy CPU, where it waited 1-4 ms
+// (perf sched: p90 1.3 ms, p99 3.9 ms for wake-ups aimed at a busy CPU,
+// 1 µs at an idle one). A waiter that yields and reads again instead of
+// parking wakes no thread; the busy poll buys that with CPU where the
+// peer is slow to answer, hence off by default (see README).
+func BenchmarkManyQPsBusyPoll(b *testing.B) {
+	for _, n := range []int{16, 64, 256} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			benchManyQPs(b, n, gowarp.ConnectOptions{BusyPoll: 10 * time.Microsecond})
+		})
+	}
+}
+
+func benchManyQPs(b *testing.B, n int, o gowarp.ConnectOptions) {
 	const (
 		size  = 4 << 10
 		depth = 8
@@ -41,7 +59,7 @@ func benchManyQPs(b *testing.B, n int) {
 	cs := make([]client, n)
 	for i := range cs {
 		c := &cs[i]
-		c.p = newPair(b, gowarp.ConnectOptions{})
+		c.p = newPair(b, o)
 		c.src, _ = c.p.reg(b, size, gowarp.LocalWrite)
 		c.dst, _ = c.p.reg(b, size, gowarp.RemoteWrite|gowarp.RemoteRead)
 		c.wr[0] = gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: c.src, Length: size}}, RemoteAddr: c.dst.Addr(), RKey: uint32(c.dst.STag())}
