@@ -80,8 +80,16 @@ func TestRandomWork(t *testing.T) {
 	}
 }
 
+// Work request IDs outside the client's checked range: the server's own
+// work at the client, and the client's receives.
+const (
+	serverWork = 1 << 50
+	clientRecv = 1 << 40
+)
+
 // randomServer accepts req and serves a region: it keeps receives
-// posted and closes the queue pair on its own now and then.
+// posted, posts random Writes, Reads and Sends at the client's region,
+// and closes the queue pair on its own now and then.
 func randomServer(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gowarp.PD, req *gowarp.ConnRequest, r *rand.Rand) {
 	cq := dev.NewCQ(256)
 	qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq, RecvDepth: 64})
@@ -99,9 +107,14 @@ func randomServer(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 	recv := func(id uint64) {
 		qp.PostRecv(&gowarp.RecvWR{ID: id, SGL: []gowarp.SGE{{MR: mr, Offset: r.IntN(32 << 10), Length: r.IntN(8 << 10)}}})
 	}
-	for i := range 32 {
+	for i := range 64 {
 		recv(uint64(i))
 	}
+	// The client's region, where this side posts work of its own.
+	var caddr uint64
+	var ckey uint32
+	var csize int
+	fmt.Sscanf(string(req.PrivateData()), "%d %d %d", &caddr, &ckey, &csize)
 	pdata := fmt.Appendf(nil, "%d %d", mr.Addr(), uint32(mr.STag()))
 	if err := req.Accept(ctx, qp, gowarp.ConnectOptions{PrivateData: pdata, Extensions: true, SharedMemory: true}); err != nil {
 		return
@@ -117,9 +130,24 @@ func randomServer(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 		if qp.State() != gowarp.StateReady && cq.Len() == 0 {
 			return
 		}
-		for _, c := range wc[:cq.Poll(wc[:])] {
-			if c.Status == gowarp.Success {
-				recv(c.ID)
+		for k := 0; k < 4 && csize > 0; k++ {
+			n := r.IntN(min(8<<10, csize) + 1)
+			wr := gowarp.SendWR{ID: serverWork, Op: gowarp.OpWrite, RKey: ckey,
+				RemoteAddr: caddr + uint64(r.IntN(csize-n+1)),
+				SGL:        []gowarp.SGE{{MR: mr, Offset: r.IntN(32 << 10), Length: n}}}
+			switch r.IntN(6) {
+			case 1, 2:
+				wr.Op, wr.Flags = gowarp.OpRead, gowarp.Signaled
+			case 3:
+				wr.Op, wr.SGL[0].Length = gowarp.OpSend, min(n, 4096)
+			}
+			qp.PostSend(&wr) // whatever becomes of it, the client's checks hold
+		}
+		for n := cq.Poll(wc[:]); n > 0; n = cq.Poll(wc[:]) {
+			for _, c := range wc[:n] {
+				if c.ID != serverWork && c.Status == gowarp.Success {
+					recv(c.ID)
+				}
 			}
 		}
 		if r.IntN(1000) == 0 {
@@ -138,7 +166,30 @@ func randomClient(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 		return false
 	}
 	defer qp.Close()
-	o := gowarp.ConnectOptions{CRC: r.IntN(2) == 0, Extensions: r.IntN(2) == 0, SharedMemory: r.IntN(2) == 0}
+	size := 8 + r.IntN(128<<10)
+	mr, err := pd.Register(make([]byte, size), gowarp.LocalWrite|gowarp.RemoteWrite|gowarp.RemoteRead)
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	defer mr.Deregister()
+	rbuf, err := pd.Register(make([]byte, 8*4096), gowarp.LocalWrite)
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	defer rbuf.Deregister()
+	recv := func(id uint64) error {
+		return qp.PostRecv(&gowarp.RecvWR{ID: id, SGL: []gowarp.SGE{{MR: rbuf, Offset: int(id-clientRecv) * 4096, Length: 4096}}})
+	}
+	for i := range uint64(8) {
+		if err := recv(clientRecv + i); err != nil {
+			t.Error(err)
+			return false
+		}
+	}
+	o := gowarp.ConnectOptions{CRC: r.IntN(2) == 0, Extensions: r.IntN(2) == 0, SharedMemory: r.IntN(2) == 0,
+		PrivateData: fmt.Appendf(nil, "%d %d %d", mr.Addr(), uint32(mr.STag()), size)}
 	cctx, c := context.WithTimeout(ctx, 10*time.Second)
 	err = qp.Connect(cctx, addr, o)
 	c()
@@ -152,13 +203,6 @@ func randomClient(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 		t.Errorf("private data %q: %v", qp.PeerPrivateData(), err)
 		return false
 	}
-	size := 8 + r.IntN(128<<10)
-	mr, err := pd.Register(make([]byte, size), gowarp.LocalWrite)
-	if err != nil {
-		t.Error(err)
-		return false
-	}
-	defer mr.Deregister()
 	bad := func(n int) bool { return r.IntN(n) == 0 } // malformed one time in n
 	signaled, done := map[uint64]bool{}, map[uint64]bool{}
 	outstanding := 0
@@ -181,6 +225,15 @@ func randomClient(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 			}
 		}
 		for _, c := range wc[:cq.Poll(wc[:])] {
+			if c.ID >= clientRecv {
+				if !check("receive", c.Err()) {
+					return false
+				}
+				if c.Status == gowarp.Success && !check("PostRecv", recv(c.ID)) {
+					return false
+				}
+				continue
+			}
 			if done[c.ID] {
 				t.Errorf("work request %d completed twice: %+v", c.ID, c)
 				return false
