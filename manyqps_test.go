@@ -29,8 +29,9 @@ func BenchmarkManyQPs(b *testing.B) {
 
 // BenchmarkManyQPsBusyPoll is BenchmarkManyQPs with a 10 µs busy poll on
 // every queue pair (ConnectOptions.BusyPoll). On the 2-CPU VM this was
-// measured on, N=256 lost a tenth of N=64's rate mostly to idle CPU (6-10 %
-// against plain TCP's 1-4 %, vmstat): the Go runtime woke a thread for
+// measured on, N=256 lost 10-17 % of N=64's rate, about half of it to
+// more CPU per operation and half to idle CPU (6-10 % against plain TCP's
+// 1-4 %, vmstat): the Go runtime woke a thread for
 // an idle P and Linux queued it on the busy CPU, where it waited 1-4 ms
 // (perf sched: p90 1.3 ms, p99 3.9 ms for wake-ups aimed at a busy CPU,
 // 1 µs at an idle one). A waiter that yields and reads again instead of

@@ -17,7 +17,8 @@ import (
 // random work requests (some malformed: bad offsets and lengths, no
 // region, wrong keys, unknown opcodes and flags, too many SGEs),
 // Deregister of regions in use, Disconnect and Close in the middle, and
-// servers that close on their own, over TCP and shared-memory links, CRC
+// servers that post Writes, Reads and Sends at the client's region and
+// close on their own, over TCP and shared-memory links, CRC
 // and extensions on or off. Whatever happens: no panic; every signaled
 // work request PostSend took completes exactly once, within 10 s; no
 // other completes with success, and none completes twice; every error

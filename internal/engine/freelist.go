@@ -15,8 +15,8 @@ import (
 // stack keeps every buffer given back (up to limit), as many as were out
 // at once, so that the busiest moment's load, however many queue pairs
 // it takes, runs again without allocating; the most recently given back
-// (the warmest in cache) is taken first. The lock is held for a few instructions, once
-// per batch or wait rather than per FPDU.
+// (the warmest in cache) is taken first. The lock is held for a few
+// instructions, once per batch or wait rather than per FPDU.
 //
 // What a burst left behind does not stay for ever, though: at each
 // garbage collection the list lets go of half the buffers that none took
@@ -93,17 +93,14 @@ var freeLists trimmers
 type trimmers struct {
 	mu    sync.Mutex
 	lists []trimmer
-	armed bool
+	arm   sync.Once // the hook, armed by the first list
 }
 
 func (t *trimmers) add(l trimmer) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.lists = append(t.lists, l)
-	if !t.armed {
-		t.armed = true
-		armGCHook()
-	}
+	t.mu.Unlock()
+	t.arm.Do(armGCHook)
 }
 
 func (t *trimmers) trimAll() {
