@@ -48,7 +48,12 @@ type idleReader interface {
 	// takes the buffer to read them into with get. It returns the bytes
 	// read and the buffer they are in: buf, get's, or nil if it returns
 	// with nothing read after giving buf back (a deadline, a close).
-	ReadIdle(buf []byte, put func([]byte), get func() []byte) (int, []byte, error)
+	//
+	// If more is not nil, bytes read are handed to it before ReadIdle
+	// returns: more(n) takes the n bytes at the start of the buffer and
+	// returns the buffer to read into next and whether to go on reading;
+	// ReadIdle returns 0 and a nil error once more has said no.
+	ReadIdle(buf []byte, put func([]byte), get func() []byte, more func(n int) ([]byte, bool)) (int, []byte, error)
 }
 
 // streamLink is the portable Link over any net.Conn: reads land in the first

@@ -58,7 +58,7 @@ func TestReadIdle(t *testing.T) {
 		l.rc.Control(func(fd uintptr) { inq, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
 		time.Sleep(time.Millisecond)
 	}
-	n, buf, err := l.ReadIdle(first, ib.give, ib.take)
+	n, buf, err := l.ReadIdle(first, ib.give, ib.take, nil)
 	if err != nil || n != 5 || &buf[0] != &first[0] || string(buf[:n]) != "ready" {
 		t.Fatalf("bytes there: read %d into %p (%q), %v; want 5 into the buffer given", n, buf, buf[:n], err)
 	}
@@ -75,7 +75,7 @@ func TestReadIdle(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		n, buf, err := l.ReadIdle(first, ib.give, ib.take)
+		n, buf, err := l.ReadIdle(first, ib.give, ib.take, nil)
 		done <- result{n, buf, err}
 	}()
 	if back := <-ib.put; &back[0] != &first[0] { // before any byte is sent
@@ -88,7 +88,7 @@ func TestReadIdle(t *testing.T) {
 	}
 
 	b.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	n, buf, err = l.ReadIdle(first, ib.give, ib.take)
+	n, buf, err = l.ReadIdle(first, ib.give, ib.take, nil)
 	if !errors.Is(err, os.ErrDeadlineExceeded) || n != 0 || buf != nil {
 		t.Fatalf("deadline: read %d into %p, %v; want nothing, no buffer, the deadline", n, buf, err)
 	}
@@ -96,7 +96,7 @@ func TestReadIdle(t *testing.T) {
 	b.SetReadDeadline(time.Time{})
 
 	a.Close()
-	n, buf, err = l.ReadIdle(first, ib.give, ib.take)
+	n, buf, err = l.ReadIdle(first, ib.give, ib.take, nil)
 	if n != 0 || err == nil {
 		t.Fatalf("closed peer: read %d, %v; want an error", n, err)
 	}
@@ -276,7 +276,7 @@ func TestReadIdleSpinTakesBytes(t *testing.T) {
 
 	// Nothing comes: it spins, sleeps and meets its deadline.
 	l.Conn().SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	if _, _, err := l.ReadIdle(first, ib.give, ib.take); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if _, _, err := l.ReadIdle(first, ib.give, ib.take, nil); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("with nothing sent: %v, want the deadline", err)
 	}
 	<-ib.put // it spun out its time (or was not scheduled for it) and waited
@@ -285,7 +285,7 @@ func TestReadIdleSpinTakesBytes(t *testing.T) {
 	// The byte comes at the spin's third yield.
 	l.spinFor = time.Hour // the spin does not run out, however the test is scheduled
 	yields, writeAt = 0, 3
-	n, buf, err := l.ReadIdle(first, ib.give, ib.take)
+	n, buf, err := l.ReadIdle(first, ib.give, ib.take, nil)
 	if err != nil || n != 1 || &buf[0] != &first[0] || buf[0] != 'x' {
 		t.Fatalf("byte sent while it spun: read %d into %p, %v; want 1 into the buffer given", n, buf, err)
 	}
@@ -319,7 +319,7 @@ func TestReadIdleNoSpin(t *testing.T) {
 			ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
 			done := make(chan error, 1)
 			go func() {
-				_, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take)
+				_, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take, nil)
 				done <- err
 			}()
 			<-ib.put // it waits in the netpoller
@@ -345,7 +345,7 @@ func TestReadIdleBellStopsSpin(t *testing.T) {
 	ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
 	bell.Store(true)
 	l.Conn().SetReadDeadline(time.Unix(1, 0))
-	if _, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if _, _, err := l.ReadIdle(make([]byte, 64), ib.give, ib.take, nil); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("rung: %v, want the deadline", err)
 	}
 	if yields != 0 {

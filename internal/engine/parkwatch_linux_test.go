@@ -50,7 +50,7 @@ func TestSpinnerRingsParked(t *testing.T) {
 		ib := &idleBufs{put: make(chan []byte, 1), got: make([]byte, 64)}
 		bDone = make(chan error, 1)
 		go func() {
-			_, _, err := parkedLink.ReadIdle(make([]byte, 64), ib.give, ib.take)
+			_, _, err := parkedLink.ReadIdle(make([]byte, 64), ib.give, ib.take, nil)
 			bDone <- err
 		}()
 		<-ib.put // it waits in the netpoller, armed
@@ -60,7 +60,7 @@ func TestSpinnerRingsParked(t *testing.T) {
 		a.Write([]byte("y"))
 		waitInqBusy(parkedLink, 1) // without parking: the netpoller must not run
 		yields = 0
-		if n, _, err := spinner.ReadIdle(make([]byte, 64), func([]byte) {}, func() []byte { return make([]byte, 64) }); err != nil || n != 1 {
+		if n, _, err := spinner.ReadIdle(make([]byte, 64), func([]byte) {}, func() []byte { return make([]byte, 64) }, nil); err != nil || n != 1 {
 			t.Fatalf("the spinner read %d, %v", n, err)
 		}
 		err := <-bDone

@@ -136,8 +136,20 @@ func (r *rxState) receive() (rang bool, err error) {
 	if r.idle != nil && !r.direct && r.w == 0 {
 		// Nothing staged: wait for the peer without the staging buffer
 		// (see staging.go). The bytes land at the start of whichever
-		// buffer r holds when they come, where iov pointed.
-		k, _, rerr = r.idle.ReadIdle(r.buf, r.put, r.get)
+		// buffer r holds when they come, where iov pointed. An inline
+		// waiter takes them where they are read (moreIdle).
+		var more func(int) ([]byte, bool)
+		if r.waiting {
+			more = r.more
+		}
+		k, _, rerr = r.idle.ReadIdle(r.buf, r.put, r.get, more)
+		if err := r.moreErr; err != nil {
+			r.moreErr = nil
+			return false, err
+		}
+		if k == 0 && rerr == nil {
+			return false, nil // moreIdle took all
+		}
 	} else {
 		k, rerr = r.q.link.Readv(iov)
 	}
@@ -152,6 +164,36 @@ func (r *rxState) receive() (rang bool, err error) {
 		return true, nil
 	}
 	return false, rerr
+}
+
+// moreIdle takes n bytes read by ReadIdle for an inline waiter, where
+// they were read, and says whether to read on: while the waiter's wait
+// goes on, the doorbell has not rung and the next read is again one of
+// nothing staged. It returns the buffer for that read.
+func (r *rxState) moreIdle(n int) ([]byte, bool) {
+	if err := r.advance(n); err != nil {
+		r.moreErr = err
+		return r.buf, false
+	}
+	q := r.q
+	if s := q.State(); s != StateReady && s != StateClosing || r.staged() || q.bell.Load() || r.waitOver() {
+		return r.buf, false
+	}
+	r.answerNow() // the read may wait
+	r.next()
+	if r.direct || r.w != 0 {
+		return r.buf, false
+	}
+	return r.buf, true
+}
+
+// waitOver reports whether an inline waiter's wait is over: its CQ has a
+// completion, or (Progress) an FPDU came since it took the path.
+func (r *rxState) waitOver() bool {
+	if r.waitCQ != nil {
+		return r.waitCQ.nonEmpty()
+	}
+	return r.fpdus != r.waitFrom
 }
 
 // answerNow starts the transmit path for the Read Responses the core
@@ -273,7 +315,8 @@ func (q *QP) failAborted(fallback error) bool {
 }
 
 // receiveInline runs the receive path on the calling goroutine, blocking
-// on the socket, until done reports true or ctx is done. It is how a
+// on the socket, until cq has a completion (cq not nil) or an FPDU has
+// been received (cq nil: Progress), or ctx is done. It is how a
 // goroutine waiting for this QP receives with no hand-off from the receive
 // goroutine: the latency of a plain TCP reader. It reports false, having
 // asked the receive goroutine to yield, when that goroutine holds the path;
@@ -281,7 +324,7 @@ func (q *QP) failAborted(fallback error) bool {
 // no deadline; the doorbell (ring) wakes it for a completion from
 // elsewhere, or for ctx being done (see watchCtx), so a wait costs no
 // clock reading, deadline or allocation.
-func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
+func (q *QP) receiveInline(ctx context.Context, cq *CQ) bool {
 	if s := q.State(); s != StateReady && s != StateClosing {
 		return false
 	}
@@ -300,10 +343,13 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 	d := ctx.Done()
 	q.watchCtx(ctx, d)
 	r := &q.rx
+	// What the waiter waits for, as data rather than a function, which
+	// kept in r would escape and cost an allocation per wait.
+	r.waitCQ, r.waitFrom, r.waiting = cq, r.fpdus, true
 	var failed error
 	// ctx is looked at when the doorbell stops the read, not after every
 	// FPDU, through its Done channel (its Err takes a lock).
-	for live := !isDone(d); live && !done(); {
+	for live := !isDone(d); live && !r.waitOver(); {
 		if s := q.State(); s != StateReady && s != StateClosing {
 			break
 		}
@@ -320,6 +366,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, done func() bool) bool {
 			live = !isDone(d)
 		}
 	}
+	r.waiting, r.waitCQ = false, nil
 	r.answerNow()
 	if cq != nil {
 		cq.setInline(nil)
@@ -361,17 +408,9 @@ func (q *QP) Progress(ctx context.Context) error {
 			return nil
 		default:
 		}
-		// The FPDUs received are counted under the path, which the
-		// first call of done holds.
-		var start uint64
-		looked := false
-		if q.receiveInline(ctx, nil, func() bool {
-			if !looked {
-				looked, start = true, q.rx.fpdus
-				return false
-			}
-			return q.rx.fpdus != start
-		}) {
+		// The FPDUs received are counted under the path, from when
+		// receiveInline holds it.
+		if q.receiveInline(ctx, nil) {
 			if isDone(ctx.Done()) {
 				return ctx.Err()
 			}

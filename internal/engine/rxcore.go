@@ -55,6 +55,15 @@ type rxState struct {
 	idle idleReader
 	put  func([]byte)
 	get  func() []byte
+	// more is r.moreIdle, made once; moreErr is what the core said of
+	// bytes more took. waiting is set while an inline waiter holds the
+	// path (see receiveInline), waiting for a completion in waitCQ or,
+	// with none, for an FPDU after the waitFrom'th.
+	more     func(int) ([]byte, bool)
+	moreErr  error
+	waiting  bool
+	waitCQ   *CQ
+	waitFrom uint64
 
 	iov    [][]byte // what next returned
 	direct bool     // iov starts with the payload's destination
@@ -143,7 +152,7 @@ type rxState struct {
 func (r *rxState) init(q *QP) {
 	r.q, r.crc = q, q.params.CRC
 	r.idle, _ = q.link.(idleReader)
-	r.put, r.get = r.putStaging, r.getStaging
+	r.put, r.get, r.more = r.putStaging, r.getStaging, r.moreIdle
 	r.iov = make([][]byte, 0, 2*MaxSGE+2)
 	r.dst = make([][]byte, 0, 2*MaxSGE)
 	r.msn = [4]uint32{1, 1, 1, 1}
