@@ -92,6 +92,24 @@ func (qp *QP) PostRecvList(wrs []RecvWR) (int, error) { return qp.q.PostRecvList
 // at MR.Placed and the call.
 func (qp *QP) Progress(ctx context.Context) error { return qp.q.Progress(ctx) }
 
+// ProgressFunc is Progress for a loop of waits and posts, as a
+// ping-pong or a server's request loop is: it calls fn, then receives on
+// the calling goroutine and calls fn again after the FPDUs received (at
+// least once for any that came), until fn returns false (ProgressFunc
+// returns nil), ctx is done, or the queue pair fails (its error).
+//
+// fn runs in the receive path. It may post to any queue pair, poll
+// completion queues and look at regions (MR.Placed), and should look at
+// that state rather than count its calls; it must not wait on this queue
+// pair or its completion queues (Progress, CQ.Wait), which wait for the
+// path it holds. In return, between fn's calls the path waits for the
+// peer's next bytes without first reading an empty socket, a system call
+// that each return from Progress costs: on loopback an 8-byte write_lat
+// went from about 1.16 to 0.97 times a TCP ping-pong's latency.
+func (qp *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
+	return qp.q.ProgressFunc(ctx, fn)
+}
+
 // Prepare checks wr and keeps it ready to post, pinning its regions until
 // Release. wr.ID and the Signaled flag are ignored: Post supplies them.
 func (qp *QP) Prepare(wr *SendWR) (*Prepared, error) {

@@ -104,14 +104,18 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 	fs.Var((*sizeFlag)(&c.conn.SharedMemoryRing), "shm-ring", "with -shm, the `bytes` of each direction's ring (K and M suffixes allowed; a power of two\nfrom 64K to 64M; default 1M)")
 	fs.IntVar(&c.conn.MaxFPDU, "fpdu", 0, "size of full FPDUs on the wire in `bytes` (0: the TCP segment)")
 	c.conn.Poll = defaultPoll
-	fs.Func("cq", "how to wait for completions: poll (busy Poll with runtime.Gosched) or wait (cq.Wait) (default "+waitName(defaultPoll)+");\nwrite_lat watches MR.Placed, sleeping 1µs between looks, either way", func(s string) error {
+	fs.Func("cq", "how to wait: poll (busy Poll with runtime.Gosched), wait (cq.Wait; the ping-pongs post from\n"+
+		"QP.ProgressFunc), or each (cq.Wait, and the ping-pongs wait for each message with QP.Progress or\n"+
+		"cq.Wait and post after it returns) (default "+waitName(defaultPoll, false)+")", func(s string) error {
 		switch s {
 		case "poll":
-			c.conn.Poll = true
+			c.conn.Poll, c.conn.Each = true, false
 		case "wait":
-			c.conn.Poll = false
+			c.conn.Poll, c.conn.Each = false, false
+		case "each":
+			c.conn.Poll, c.conn.Each = false, true
 		default:
-			return errors.New("want poll or wait")
+			return errors.New("want poll, wait or each")
 		}
 		return nil
 	})
@@ -130,9 +134,12 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 // arrivals wait for sysmon's 10 ms poll.
 const defaultPoll = false
 
-func waitName(poll bool) string {
-	if poll {
+func waitName(poll, each bool) string {
+	switch {
+	case poll:
 		return "poll"
+	case each:
+		return "each"
 	}
 	return "wait"
 }
@@ -221,7 +228,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !c.json {
 		fmt.Fprintf(stdout, "# gowarp perf: %s, MPA rev %d, CRC %s, completion %s, async %t, fpdu %s, depth %d, cq %s, shm %s, busy poll %v\n",
 			where, c.conn.MPARevision, onOff(c.conn.CRC), c.conn.Completion, c.conn.AsyncOnly,
-			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll), onOff(c.conn.SharedMemory), c.conn.BusyPoll)
+			fpduName(c.conn.MaxFPDU), c.depth, waitName(c.conn.Poll, c.conn.Each), onOff(c.conn.SharedMemory), c.conn.BusyPoll)
 		if c.qps > 1 {
 			fmt.Fprintf(stdout, "# %d connections at once in write_bw, read_bw and send_bw (-qps); figures are their aggregate\n", c.qps)
 		}

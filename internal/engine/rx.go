@@ -188,12 +188,73 @@ func (r *rxState) moreIdle(n int) ([]byte, bool) {
 }
 
 // waitOver reports whether an inline waiter's wait is over: its CQ has a
-// completion, or (Progress) an FPDU came since it took the path.
+// completion, or (Progress) an FPDU came since it took the path, or
+// (ProgressFunc) its function, called after each FPDU, said so.
 func (r *rxState) waitOver() bool {
 	if r.waitCQ != nil {
 		return r.waitCQ.nonEmpty()
 	}
+	if r.waitFn != nil {
+		if r.fpdus != r.waitFrom {
+			r.waitFrom = r.fpdus
+			r.fnOver = !r.waitFn()
+		}
+		return r.fnOver
+	}
 	return r.fpdus != r.waitFrom
+}
+
+// ProgressFunc runs the receive path on the calling goroutine as Progress
+// does, calling fn first and then after the FPDUs received, until fn
+// returns false (ProgressFunc returns nil) or ctx is done. fn runs where
+// the bytes are read, holding the receive path: it may post, poll and
+// look at regions, not wait on this QP or its CQs. The wait it does not
+// return from lets the reader, having emptied the socket, wait for the
+// next bytes without reading it again (see fdLink.doReadIdle): the least
+// latency a loop of waits and posts can have.
+func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
+	if !fn() {
+		return nil
+	}
+	for {
+		if s := q.State(); s != StateReady && s != StateClosing {
+			if err := q.Err(); err != nil {
+				return err
+			}
+			return ErrNotReady
+		}
+		select {
+		case <-q.rxTick:
+			if !fn() {
+				return nil
+			}
+			continue
+		default:
+		}
+		q.rx.waitFn, q.rx.fnOver = fn, false
+		ok := q.receiveInline(ctx, nil)
+		over := q.rx.fnOver
+		q.rx.waitFn, q.rx.fnOver = nil, false
+		if ok {
+			if isDone(ctx.Done()) {
+				return ctx.Err()
+			}
+			if over {
+				return nil
+			}
+			continue
+		}
+		select {
+		case <-q.rxFree:
+		case <-q.failed:
+		case <-q.rxTick:
+			if !fn() {
+				return nil
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // answerNow starts the transmit path for the Read Responses the core

@@ -64,6 +64,8 @@ type rxState struct {
 	waiting  bool
 	waitCQ   *CQ
 	waitFrom uint64
+	waitFn   func() bool
+	fnOver   bool
 
 	iov    [][]byte // what next returned
 	direct bool     // iov starts with the payload's destination

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,4 +65,95 @@ func TestWaiterSkipsEmptyReads(t *testing.T) {
 		t.Fatalf("the waiter found the socket empty %d times in %d Writes", empties, n)
 	}
 	t.Logf("%d empty reads in %d Writes", empties, n)
+}
+
+// TestProgressFuncPingPong: two queue pairs ping-pong 8-byte Writes, each
+// posting from its ProgressFunc's function: every Write lands in turn,
+// and the readers, waiting between messages without returning, find the
+// socket empty far less than once per message (once each with Progress).
+func TestProgressFuncPingPong(t *testing.T) {
+	r := tcpRig(t)
+	const rounds = 500
+	abuf, adata := r.reg(t, 8, mem.LocalWrite|mem.RemoteWrite)
+	bbuf, bdata := r.reg(t, 8, mem.LocalWrite|mem.RemoteWrite)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	play := func(q *QP, mine, theirs *mem.Region, data []byte, first bool) error {
+		var want uint64
+		sent := 0
+		wr := SendWR{Op: OpWrite, SGL: []SGE{{MR: mine, Length: 8}}, RemoteAddr: theirs.Addr(), RKey: uint32(theirs.STag())}
+		var ferr error
+		post := func() bool {
+			data[0] = byte(sent)
+			if ferr = q.PostSend(&wr); ferr != nil {
+				return false
+			}
+			sent++
+			return true
+		}
+		calls := 0
+		err := q.ProgressFunc(ctx, func() bool {
+			calls++
+			if calls == 1 && first {
+				return post() // called before any wait
+			}
+			if mine.Placed() < want+8 {
+				return true
+			}
+			want += 8
+			if got := data[0]; got != byte(want/8-1) {
+				ferr = fmt.Errorf("round %d: got %d", want/8, got)
+				return false
+			}
+			if first && sent == rounds {
+				return false // the last answer came
+			}
+			return post() && sent < rounds
+		})
+		if ferr != nil {
+			return ferr
+		}
+		return err
+	}
+	la, lb := r.a.link.(*fdLink), r.b.link.(*fdLink)
+	before := la.empties.Load() + lb.empties.Load()
+	errc := make(chan error, 1)
+	go func() { errc <- play(r.b, bbuf, abuf, bdata, false) }()
+	if err := play(r.a, abuf, bbuf, adata, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if n := la.empties.Load() + lb.empties.Load() - before; n > rounds/5 {
+		t.Fatalf("the readers found the socket empty %d times in %d round trips", n, rounds)
+	}
+}
+
+// TestProgressFuncEnds: ProgressFunc returns nil when its function says
+// so, at once if the first call does; the context's error when it is
+// done; and the queue pair's error, not a hang, when the peer goes.
+func TestProgressFuncEnds(t *testing.T) {
+	r := tcpRig(t)
+	calls := 0
+	if err := r.a.ProgressFunc(context.Background(), func() bool { calls++; return false }); err != nil || calls != 1 {
+		t.Fatalf("a function that says no at once: %v after %d calls", err, calls)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := r.a.ProgressFunc(ctx, func() bool { return true }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("with the context done: %v", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- r.a.ProgressFunc(context.Background(), func() bool { return true }) }()
+	time.Sleep(20 * time.Millisecond)
+	r.b.Close()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("the peer closed, and ProgressFunc returned nil")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the peer closed, and ProgressFunc went on waiting")
+	}
 }

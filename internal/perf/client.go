@@ -121,6 +121,9 @@ func (c *Client) connect(ctx context.Context, t Test, o *Options) (*clientRun, e
 	if o.Poll {
 		req.flags |= flagPoll
 	}
+	if o.Each {
+		req.flags |= flagEach
+	}
 	if t == SendLat {
 		wr := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: r.mr, Length: o.Size}}}
 		for i := range rq {
@@ -321,6 +324,34 @@ func (r *clientRun) writeLat(ctx context.Context) (Result, error) {
 	var want uint64 // the region is new, and the server Writes only in answer
 	start := time.Now()
 	t0 := start
+	if !o.Each && !o.Poll {
+		// Post each Write from the wait for the last one's answer.
+		if err := postRetry(ctx, r.qp, &wr); err != nil {
+			return Result{}, err
+		}
+		want = size
+		var ferr error
+		err := loop(ctx, r.qp, func() bool {
+			if r.mr.Placed() < want {
+				return true
+			}
+			t1 := time.Now()
+			samples = append(samples, int64(t1.Sub(t0)))
+			t0 = t1
+			if o.done(len(samples), start, t0) {
+				return false
+			}
+			if ferr = postRetry(ctx, r.qp, &wr); ferr != nil {
+				return false
+			}
+			want += size
+			return true
+		}, &ferr)
+		if err != nil {
+			return Result{}, err
+		}
+		return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
+	}
 	for i := 0; !o.done(i, start, t0); i++ {
 		if err := postRetry(ctx, r.qp, &wr); err != nil {
 			return Result{}, err
@@ -377,6 +408,52 @@ func (r *clientRun) sendLat(ctx context.Context) (Result, error) {
 	samples := newSamples(o)
 	start := time.Now()
 	t0 := start
+	if !o.Each && !o.Poll {
+		// Post each Send from the wait for the last one's answer.
+		if err := postRetry(ctx, r.qp, &send); err != nil {
+			return Result{}, err
+		}
+		var ferr error
+		err := loop(ctx, r.qp, func() bool {
+			got := false
+			for {
+				n := r.cq.Poll(wc[:])
+				if n == 0 {
+					break
+				}
+				for _, c := range wc[:n] {
+					if err := c.Err(); err != nil {
+						ferr = r.completionErr(c, err)
+						return false
+					}
+					if c.Op == gowarp.CompRecv {
+						got = true
+						recv.ID = c.ID
+						if ferr = r.qp.PostRecv(&recv); ferr != nil {
+							return false
+						}
+					}
+				}
+			}
+			if !got {
+				return true
+			}
+			t1 := time.Now()
+			samples = append(samples, int64(t1.Sub(t0)))
+			t0 = t1
+			if o.done(len(samples), start, t0) {
+				return false
+			}
+			if ferr = postRetry(ctx, r.qp, &send); ferr != nil {
+				return false
+			}
+			return true
+		}, &ferr)
+		if err != nil {
+			return Result{}, err
+		}
+		return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
+	}
 	for i := 0; !o.done(i, start, t0); i++ {
 		if err := postRetry(ctx, r.qp, &send); err != nil {
 			return Result{}, err

@@ -42,6 +42,12 @@ type ConnOptions struct {
 	AsyncOnly   bool                  // transmit from the QP's goroutine only
 	MaxFPDU     int                   // FPDU size on the wire (0: the TCP segment)
 	Poll        bool                  // busy-poll CQs (with runtime.Gosched) instead of cq.Wait
+	// Each makes the ping-pongs (write_lat, send_lat) wait for each
+	// message with QP.Progress or cq.Wait and post after it returns, as
+	// an application that waits per message does, instead of posting from
+	// a QP.ProgressFunc loop (which spares a read of the emptied socket
+	// per message).
+	Each bool
 	// SharedMemory offers a same-host shared-memory link (the client's
 	// choice: the server takes it whenever offered). The plain-TCP tests
 	// stay on TCP.
@@ -200,6 +206,16 @@ func (w *waiter) next(wc []gowarp.Completion) (int, error) {
 		}
 		runtime.Gosched()
 	}
+}
+
+// loop runs fn in qp.ProgressFunc, returning fn's error (stored in *ferr
+// as it returns false) before ProgressFunc's own.
+func loop(ctx context.Context, qp *gowarp.QP, fn func() bool, ferr *error) error {
+	err := qp.ProgressFunc(ctx, fn)
+	if *ferr != nil {
+		return *ferr
+	}
+	return err
 }
 
 // waitPlaced waits until mr has had at least want bytes placed in it by

@@ -14,8 +14,8 @@ import (
 //	0  "GWPF"       magic
 //	4  version      1
 //	5  test         Test
-//	6  flags        flagAsync, flagAcked, flagPoll: how the server's QP
-//	                transmits and completes, and how it waits for completions
+//	6  flags        flagAsync, flagAcked, flagPoll, flagEach: how the
+//	                server's QP transmits and completes, and how it waits
 //	7  reserved     0
 //	8  size         message size in bytes
 //	12 depth        work requests the client keeps outstanding
@@ -52,6 +52,7 @@ const (
 	flagAsync uint8 = 1 << iota
 	flagAcked
 	flagPoll
+	flagEach
 )
 
 // errProto is the error of malformed control messages.

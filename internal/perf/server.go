@@ -181,8 +181,9 @@ type serverSession struct {
 	mr      *gowarp.MR
 	credit  *gowarp.MR // source of credit Writes (send_bw)
 	poll    bool
-	recvs   int // receives kept posted
-	batch   int // send_bw: receives reposted per credit Write
+	each    bool // ping-pongs wait per message (Options.Each)
+	recvs   int  // receives kept posted
+	batch   int  // send_bw: receives reposted per credit Write
 	maxFPDU int
 }
 
@@ -194,7 +195,7 @@ const (
 
 func (s *Server) newSession(r *request, log *slog.Logger) (*serverSession, error) {
 	dev := gowarp.Open(gowarp.WithLogger(log))
-	ss := &serverSession{req: *r, log: log, pd: dev.AllocPD(), poll: s.Conn.Poll || r.flags&flagPoll != 0, keep: s.sessionDone != nil}
+	ss := &serverSession{req: *r, log: log, pd: dev.AllocPD(), poll: s.Conn.Poll || r.flags&flagPoll != 0, each: r.flags&flagEach != 0, keep: s.sessionDone != nil}
 	ss.maxFPDU = s.Conn.MaxFPDU
 	if ss.maxFPDU == 0 {
 		ss.maxFPDU = int(r.maxFPDU)
@@ -344,6 +345,33 @@ func (ss *serverSession) sendLat(ctx context.Context, w *waiter) error {
 func (ss *serverSession) onReceives(w *waiter, burst int, each, batch func() error) error {
 	wc := make([]gowarp.Completion, burst)
 	recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: ss.mr, Length: len(ss.buf)}}}
+	if batch == nil && !ss.each && !ss.poll {
+		// Answer each receive from the wait for it.
+		var ferr error
+		return loop(w.ctx, ss.qp, func() bool {
+			for {
+				n := ss.cq.Poll(wc)
+				if n == 0 {
+					return true
+				}
+				for _, c := range wc[:n] {
+					if ferr = c.Err(); ferr != nil {
+						return false
+					}
+					if c.Op != gowarp.CompRecv {
+						continue
+					}
+					recv.ID = c.ID
+					if ferr = ss.qp.PostRecv(&recv); ferr != nil {
+						return false
+					}
+					if ferr = each(); ferr != nil {
+						return false
+					}
+				}
+			}
+		}, &ferr)
+	}
 	for {
 		n, err := w.next(wc)
 		if err != nil {
@@ -382,6 +410,21 @@ func (ss *serverSession) writeLat(ctx context.Context) error {
 	// would race with the client's first Write, which may land as soon as
 	// the connection is accepted.)
 	var want uint64
+	if !ss.each && !ss.poll {
+		// Answer each Write from the wait for it.
+		want = size
+		var ferr error
+		return loop(ctx, ss.qp, func() bool {
+			if ss.mr.Placed() < want {
+				return true
+			}
+			if ferr = postRetry(ctx, ss.qp, &write); ferr != nil {
+				return false
+			}
+			want += size
+			return true
+		}, &ferr)
+	}
 	for {
 		want += size
 		if err := waitPlaced(ctx, ss.mr, want, ss.qp); err != nil {

@@ -1,0 +1,137 @@
+package gowarp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// TestProgressFuncSends: a Send/Receive ping-pong in which both sides
+// post from QP.ProgressFunc, over TCP and over shared memory: every
+// message arrives in turn and both loops end; then a loop whose peer
+// closes ends with an error the root package matches, not a hang.
+func TestProgressFuncSends(t *testing.T) {
+	for _, o := range []gowarp.ConnectOptions{{}, {SharedMemory: true}} {
+		t.Run(fmt.Sprintf("shm=%v", o.SharedMemory), func(t *testing.T) {
+			p := newPair(t, o)
+			const rounds = 300
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			// Each side's receive is posted before either Sends.
+			type side struct {
+				mr  *gowarp.MR
+				buf []byte
+			}
+			var sides [2]side
+			for i, qp := range []*gowarp.QP{p.a, p.b} {
+				sides[i].mr, sides[i].buf = p.reg(t, 16, gowarp.LocalWrite)
+				if err := qp.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: sides[i].mr, Offset: 8, Length: 8}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			play := func(qp *gowarp.QP, cq *gowarp.CQ, first bool) error {
+				s := sides[1]
+				if first {
+					s = sides[0]
+				}
+				mr, buf := s.mr, s.buf
+				recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: mr, Offset: 8, Length: 8}}}
+				send := gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Length: 8}}}
+				got, sent := 0, 0
+				var ferr error
+				post := func() bool {
+					buf[0] = byte(sent)
+					if ferr = qp.PostSend(&send); ferr == nil {
+						sent++
+					}
+					return ferr == nil
+				}
+				var wc [4]gowarp.Completion
+				started := false
+				err := qp.ProgressFunc(ctx, func() bool {
+					if !started {
+						started = true
+						if first && !post() {
+							return false
+						}
+					}
+					for n := cq.Poll(wc[:]); n > 0; n = cq.Poll(wc[:]) {
+						for _, c := range wc[:n] {
+							if ferr = c.Err(); ferr != nil {
+								return false
+							}
+							if c.Op != gowarp.CompRecv {
+								continue
+							}
+							if buf[8] != byte(got) {
+								ferr = fmt.Errorf("message %d: got %d", got, buf[8])
+								return false
+							}
+							got++
+							if ferr = qp.PostRecv(&recv); ferr != nil {
+								return false
+							}
+							if first && got == rounds {
+								return false
+							}
+							if !post() {
+								return false
+							}
+							if !first && sent == rounds {
+								return false
+							}
+						}
+					}
+					return true
+				})
+				if ferr != nil {
+					return ferr
+				}
+				return err
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- play(p.b, p.bcq, false) }()
+			if err := play(p.a, p.acq, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+
+			// The peer goes while a loop waits.
+			go func() { errc <- p.a.ProgressFunc(context.Background(), func() bool { return true }) }()
+			time.Sleep(20 * time.Millisecond)
+			p.b.Close()
+			select {
+			case err := <-errc:
+				if err == nil || !matchable(err) {
+					t.Fatalf("the peer closed: ProgressFunc returned %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the peer closed, and ProgressFunc went on waiting")
+			}
+		})
+	}
+}
+
+// TestProgressFuncContext: a loop whose context ends returns its error.
+func TestProgressFuncContext(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- p.a.ProgressFunc(ctx, func() bool { return true }) }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("ProgressFunc after cancel: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancel did not end ProgressFunc")
+	}
+}
