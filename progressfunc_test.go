@@ -135,3 +135,50 @@ func TestProgressFuncContext(t *testing.T) {
 		t.Fatal("cancel did not end ProgressFunc")
 	}
 }
+
+// TestProgressFuncCloses: the function may close its own queue pair
+// (Close, Disconnect), which waits for the receive path the function
+// holds: ProgressFunc finishes the close as it returns, with ErrClosed.
+// Another goroutine's Close ends a waiting loop too.
+func TestProgressFuncCloses(t *testing.T) {
+	for _, o := range []gowarp.ConnectOptions{{}, {SharedMemory: true}} {
+		for _, how := range []string{"close", "disconnect", "other"} {
+			t.Run(fmt.Sprintf("shm=%v/%s", o.SharedMemory, how), func(t *testing.T) {
+				p := newPair(t, o)
+				dst, _ := p.reg(t, 8, gowarp.LocalWrite|gowarp.RemoteWrite)
+				src, _ := p.reg(t, 8, gowarp.LocalWrite)
+				errc := make(chan error, 1)
+				go func() {
+					errc <- p.a.ProgressFunc(context.Background(), func() bool {
+						if dst.Placed() > 0 {
+							switch how {
+							case "close":
+								p.a.Close()
+							case "disconnect":
+								p.a.Disconnect(context.Background())
+							}
+						}
+						return true
+					})
+				}()
+				time.Sleep(20 * time.Millisecond)
+				if how == "other" {
+					p.a.Close()
+				} else if err := p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-errc:
+					if !errors.Is(err, gowarp.ErrClosed) {
+						t.Fatalf("ProgressFunc: %v, want ErrClosed", err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("closed, and ProgressFunc went on waiting")
+				}
+				if p.a.State() != gowarp.StateError {
+					t.Fatalf("state %v after the close", p.a.State())
+				}
+			})
+		}
+	}
+}

@@ -368,7 +368,8 @@ func (q *QP) Close() error {
 	q.mu.Lock()
 	term, link := q.termDone, q.link
 	q.mu.Unlock()
-	if term != nil {
+	inFn := q.inFn.Load()
+	if term != nil && !inFn {
 		<-term
 	}
 	q.closing.Do(func() {
@@ -380,6 +381,13 @@ func (q *QP) Close() error {
 	})
 	if link != nil {
 		link.Close()
+	}
+	if inFn {
+		// Called from a ProgressFunc's function (or while one runs),
+		// which holds the receive path the goroutines below wait for:
+		// ProgressFunc finishes the close as it returns.
+		q.closeLater.Store(true)
+		return nil
 	}
 	q.mu.Lock()
 	q.txGone = true // no transmit goroutine starts while we wait

@@ -37,6 +37,13 @@ type fdLink struct {
 	iget  func() []byte
 	imore func(int) ([]byte, bool)
 	itook bool // imore took the last read's bytes and said no more
+	// inMore is 1 while imore runs, in the RawRead that read its bytes;
+	// Close then only marks it 2 and the reader closes the connection
+	// as it leaves (closeAfter): a Close waits for the reads in progress,
+	// and the one in progress would be the caller's own when imore's
+	// code (the core, or a ProgressFunc's function) closes.
+	inMore     atomic.Int32
+	closeAfter bool
 	// empties counts the idle reads that found the socket empty (tests).
 	empties atomic.Int64
 	ifunc   func(uintptr) bool
@@ -169,6 +176,12 @@ func (l *fdLink) ReadIdle(buf []byte, put func([]byte), get func() []byte, more 
 	linkAcquire(l.race)
 	b := l.ibuf
 	l.ibuf, l.iput, l.iget, l.imore = nil, nil, nil, nil
+	if l.closeAfter {
+		l.closeAfter, l.itook = false, false
+		l.inMore.Store(0)
+		l.closeNow()
+		return 0, b, net.ErrClosed
+	}
 	if err != nil {
 		return 0, b, err
 	}
@@ -240,8 +253,13 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 		}
 		n, short := l.rn, l.rn < len(l.ibuf)
 		linkAcquire(l.race) // imore places what came, as after a read
+		l.inMore.Store(1)
 		buf, again := l.imore(n)
 		l.rn, l.ibuf = 0, buf // taken by imore
+		if !l.inMore.CompareAndSwap(1, 0) {
+			l.closeAfter = true // closed meanwhile: close it once out of RawRead
+			again = false
+		}
 		if !again {
 			l.itook = true
 			return true
@@ -726,6 +744,21 @@ func (l *fdLink) MSS() int {
 }
 
 func (l *fdLink) Close() error {
+	for {
+		switch l.inMore.Load() {
+		case 1:
+			if !l.inMore.CompareAndSwap(1, 2) {
+				continue
+			}
+			return nil // the reader closes it as it leaves (see inMore)
+		case 2:
+			return nil
+		}
+		return l.closeNow()
+	}
+}
+
+func (l *fdLink) closeNow() error {
 	parked.forget(l)
 	return l.c.Close()
 }

@@ -308,6 +308,10 @@ type QP struct {
 	failed  chan struct{} // closed when the queue pair enters the error state
 	wg      sync.WaitGroup
 	closing sync.Once
+	// inFn is set while a ProgressFunc's function runs; closeLater, when
+	// Close was called meanwhile and left the rest to ProgressFunc.
+	inFn       atomic.Bool
+	closeLater atomic.Bool
 }
 
 // NewQP returns an idle queue pair.

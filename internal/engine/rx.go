@@ -197,7 +197,7 @@ func (r *rxState) waitOver() bool {
 	if r.waitFn != nil {
 		if r.fpdus != r.waitFrom {
 			r.waitFrom = r.fpdus
-			r.fnOver = !r.waitFn()
+			r.fnOver = !r.q.callFn(r.waitFn)
 		}
 		return r.fnOver
 	}
@@ -207,13 +207,15 @@ func (r *rxState) waitOver() bool {
 // ProgressFunc runs the receive path on the calling goroutine as Progress
 // does, calling fn first and then after the FPDUs received, until fn
 // returns false (ProgressFunc returns nil) or ctx is done. fn runs where
-// the bytes are read, holding the receive path: it may post, poll and
-// look at regions, not wait on this QP or its CQs. The wait it does not
+// the bytes are read, holding the receive path: it may post, poll, look
+// at regions and close this QP (see closeLater), not wait on this QP or
+// its CQs. The wait it does not
 // return from lets the reader, having emptied the socket, wait for the
 // next bytes without reading it again (see fdLink.doReadIdle): the least
 // latency a loop of waits and posts can have.
 func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
-	if !fn() {
+	defer q.closeLeft()
+	if !q.callFn(fn) {
 		return nil
 	}
 	for {
@@ -225,7 +227,7 @@ func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
 		}
 		select {
 		case <-q.rxTick:
-			if !fn() {
+			if !q.callFn(fn) {
 				return nil
 			}
 			continue
@@ -248,12 +250,28 @@ func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
 		case <-q.rxFree:
 		case <-q.failed:
 		case <-q.rxTick:
-			if !fn() {
+			if !q.callFn(fn) {
 				return nil
 			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+}
+
+// callFn calls a ProgressFunc's function, marking it as running for
+// Close (see closeLater).
+func (q *QP) callFn(fn func() bool) bool {
+	q.inFn.Store(true)
+	defer q.inFn.Store(false)
+	return fn()
+}
+
+// closeLeft finishes, as ProgressFunc returns, a Close called while its
+// function ran.
+func (q *QP) closeLeft() {
+	if q.closeLater.Load() {
+		q.Close()
 	}
 }
 

@@ -34,7 +34,9 @@ func TestWaiterSkipsEmptyReads(t *testing.T) {
 		// Writes before it on its own goroutine meanwhile.
 		waited <- r.acq.Wait(ctx)
 	}()
-	time.Sleep(10 * time.Millisecond) // the waiter holds the path
+	for !r.a.rxInline.Load() { // the waiter holds the path
+		time.Sleep(time.Millisecond)
+	}
 	before := link.empties.Load()
 	for i := range n {
 		sbuf[0] = byte(i)
@@ -125,7 +127,13 @@ func TestProgressFuncPingPong(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if n := la.empties.Load() + lb.empties.Load() - before; n > rounds/5 {
+	// Waiting per message, each reader finds it empty once a message,
+	// 2*rounds in all; here none but when readiness came for bytes
+	// already read (1-4 on a quiet host, up to 111 with the CPUs busy;
+	// 998 and 999 with the wait per message).
+	n := la.empties.Load() + lb.empties.Load() - before
+	t.Logf("%d empty reads in %d round trips", n, rounds)
+	if n > rounds/2 {
 		t.Fatalf("the readers found the socket empty %d times in %d round trips", n, rounds)
 	}
 }
