@@ -45,7 +45,9 @@ func BenchmarkManyQPsBusyPoll(b *testing.B) {
 	}
 }
 
-func benchManyQPs(b *testing.B, n int, o gowarp.ConnectOptions) {
+func benchManyQPs(b *testing.B, n int, o gowarp.ConnectOptions) { benchManyQPsWith(b, n, o, false) }
+
+func benchManyQPsWith(b *testing.B, n int, o gowarp.ConnectOptions, loop bool) {
 	const (
 		size  = 4 << 10
 		depth = 8
@@ -99,6 +101,33 @@ func benchManyQPs(b *testing.B, n int, o gowarp.ConnectOptions) {
 			}
 			for inflight < depth && post() {
 			}
+			if loop {
+				// The same, posting from the wait (QP.ProgressFunc).
+				err := c.p.a.ProgressFunc(ctx, func() bool {
+					for {
+						m := c.p.acq.Poll(wc[:])
+						if m == 0 {
+							return inflight > 0
+						}
+						for _, w := range wc[:m] {
+							if w.Status != gowarp.Success {
+								failed.Store(fmt.Errorf("completion %v", w.Status))
+								return false
+							}
+						}
+						inflight -= m
+						for range m {
+							if !post() {
+								break
+							}
+						}
+					}
+				})
+				if err != nil {
+					failed.Store(err)
+				}
+				return
+			}
 			for inflight > 0 {
 				m := c.p.acq.Poll(wc[:])
 				if m == 0 {
@@ -151,6 +180,15 @@ func measureMany(b *testing.B, warm int, left *atomic.Int64, failed *atomic.Valu
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkManyQPsLoop is BenchmarkManyQPs with each client posting
+// from its wait (QP.ProgressFunc polling its CQ) instead of waiting in
+// CQ.Wait and posting after it returns.
+func BenchmarkManyQPsLoop(b *testing.B) {
+	for _, n := range []int{1, 16, 64, 256} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { benchManyQPsWith(b, n, gowarp.ConnectOptions{}, true) })
+	}
 }
 
 // BenchmarkManyQPsSharedCQ is BenchmarkManyQPs with one CQ for all the
