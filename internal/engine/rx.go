@@ -219,11 +219,8 @@ func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
 		return nil
 	}
 	for {
-		if s := q.State(); s != StateReady && s != StateClosing {
-			if err := q.Err(); err != nil {
-				return err
-			}
-			return ErrNotReady
+		if err := q.notReady(); err != nil {
+			return err
 		}
 		select {
 		case <-q.rxTick:
@@ -472,11 +469,8 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ) bool {
 // at MR.Placed and the call.
 func (q *QP) Progress(ctx context.Context) error {
 	for {
-		if s := q.State(); s != StateReady && s != StateClosing {
-			if err := q.Err(); err != nil {
-				return err
-			}
-			return ErrNotReady
+		if err := q.notReady(); err != nil {
+			return err
 		}
 		// FPDUs the receive goroutine received since the last tick was
 		// taken may be what the caller waits for, and the count below
@@ -504,6 +498,18 @@ func (q *QP) Progress(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// notReady returns why the queue pair can no longer receive (its error,
+// or ErrNotReady), or nil while it can.
+func (q *QP) notReady() error {
+	if s := q.State(); s == StateReady || s == StateClosing {
+		return nil
+	}
+	if err := q.Err(); err != nil {
+		return err
+	}
+	return ErrNotReady
 }
 
 // isDone reports whether d, a context's Done channel, is closed; nil

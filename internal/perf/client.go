@@ -335,10 +335,7 @@ func (r *clientRun) writeLat(ctx context.Context) (Result, error) {
 			if r.mr.Placed() < want {
 				return true
 			}
-			t1 := time.Now()
-			samples = append(samples, int64(t1.Sub(t0)))
-			t0 = t1
-			if o.done(len(samples), start, t0) {
+			if !lap(o, &samples, start, &t0) {
 				return false
 			}
 			if ferr = postRetry(ctx, r.qp, &wr); ferr != nil {
@@ -365,6 +362,15 @@ func (r *clientRun) writeLat(ctx context.Context) (Result, error) {
 		t0 = t1
 	}
 	return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
+}
+
+// lap ends a ping-pong's round trip: it keeps its time since *t0, which
+// it moves on, and reports whether the test goes on.
+func lap(o *Options, samples *[]int64, start time.Time, t0 *time.Time) bool {
+	t1 := time.Now()
+	*samples = append(*samples, int64(t1.Sub(*t0)))
+	*t0 = t1
+	return !o.done(len(*samples), start, t1)
 }
 
 // readLat Reads size bytes from the server, one Read at a time.
@@ -438,10 +444,7 @@ func (r *clientRun) sendLat(ctx context.Context) (Result, error) {
 			if !got {
 				return true
 			}
-			t1 := time.Now()
-			samples = append(samples, int64(t1.Sub(t0)))
-			t0 = t1
-			if o.done(len(samples), start, t0) {
+			if !lap(o, &samples, start, &t0) {
 				return false
 			}
 			if ferr = postRetry(ctx, r.qp, &send); ferr != nil {
