@@ -44,6 +44,15 @@ type fdLink struct {
 	// code (the core, or a ProgressFunc's function) closes.
 	inMore     atomic.Int32
 	closeAfter bool
+	// The idle read is a recvmsg that asks (TCP_INQ, if inq) how many
+	// bytes it left in the socket, a FIN counting as one: inqLeft, -1 if
+	// unknown. writes counts the writes the socket took (see doReadIdle).
+	inq     bool
+	inqLeft int
+	rmsg    unix.Msghdr
+	rvec    unix.Iovec
+	rcmsg   [24]byte // one cmsghdr and its int, aligned
+	writes  atomic.Uint64
 	// empties counts the idle reads that found the socket empty (tests).
 	empties atomic.Int64
 	ifunc   func(uintptr) bool
@@ -104,6 +113,9 @@ func NewLink(c net.Conn) Link {
 	l := &fdLink{c: c, rc: rc, riov: make([]unix.Iovec, 0, minReadIov), race: linkRaceAddr(c), wfd: -1}
 	l.rfunc, l.ifunc, l.wfunc, l.ofunc, l.mfunc, l.cfunc, l.tfunc = l.doRead, l.doReadIdle, l.doWrite, l.doOutq, l.doMSS, l.doCork, l.doInfo
 	_ = rc.Control(l.mfunc)
+	_ = rc.Control(func(fd uintptr) {
+		l.inq = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_INQ, 1) == nil
+	})
 	return l
 }
 
@@ -226,22 +238,32 @@ func (l *fdLink) setBusyPoll(d time.Duration, bell *atomic.Bool, quiet *atomic.I
 
 // doReadIdle is ReadIdle's read. With imore it goes on, in the same
 // netpoller read (RawRead), for as long as imore takes the bytes and
-// asks for more; and after a read that took fewer bytes than it asked
-// for, it waits for the next before trying the socket again.
+// asks for more; and after a read that emptied the socket, if the socket
+// then took a write, it waits for the next bytes before trying it again.
 //
-// Such a read emptied the socket: TCP copies all it holds, the backlog
-// queued while the read held the socket included (tcp_recvmsg). Bytes
-// that come after it raise a new edge-triggered readiness event, which
-// the netpoller keeps for the next wait if no one waits yet. Trying the
-// socket first would find it empty (EAGAIN): a system call, about 1.5 µs
-// on this project's hosts and a sixth of a small message's one-way time,
-// spent before the reader sleeps on every message of a ping-pong (and by
-// Go's net.Conn on every Read). It must be the same RawRead: a new one
-// begins by clearing the readiness kept (runtime_pollReset), so bytes
-// that came between the two would wait there unseen. A readiness left
-// from bytes already read ends the wait at once, and the read then finds
-// the socket empty as before: nothing is lost either way. A busy-polling
-// reader (spinFor) tries the socket first, as spinning is the point.
+// Trying the socket first would find it empty (EAGAIN): a system call,
+// about 1.5 µs on this project's hosts and a sixth of a small message's
+// one-way time, spent before the reader sleeps on every message of a
+// ping-pong (and by Go's net.Conn on every Read). Waiting first is safe
+// only if whatever comes next raises a new edge-triggered readiness
+// event, which the netpoller keeps for the next wait if no one waits yet:
+//   - The read emptied the socket: TCP_INQ says it left nothing, not even
+//     a FIN. A read that takes a FIN with the last bytes returns short,
+//     and the FIN's event came before it (an end of file would wait
+//     forever: a client that vanished held a server's session so).
+//   - A reset's event can come before the read too, and be taken by the
+//     wake-up that the bytes before it caused; the read then returns the
+//     bytes, leaving the error for the next read, and TCP_INQ says
+//     nothing of it. A write after the read finds the error instead
+//     (tcp_sendmsg fails on it, and the queue pair with it): so the
+//     socket must have taken a write since the read.
+//   - It must be the same RawRead: a new one begins by clearing the
+//     readiness kept (runtime_pollReset), so bytes that came between the
+//     two would wait there unseen.
+//
+// A readiness left from bytes already read ends the wait at once, and
+// the read then finds the socket empty as before. A busy-polling reader
+// (spinFor) tries the socket first, as spinning is the point.
 func (l *fdLink) doReadIdle(fd uintptr) bool {
 	parked.woke(l)
 	for {
@@ -251,8 +273,9 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 		if l.rerr != nil || l.rn == 0 || l.imore == nil {
 			return true
 		}
-		n, short := l.rn, l.rn < len(l.ibuf)
+		n, drained := l.rn, l.inqLeft == 0
 		linkAcquire(l.race) // imore places what came, as after a read
+		w0 := l.writes.Load()
 		l.inMore.Store(1)
 		buf, again := l.imore(n)
 		l.rn, l.ibuf = 0, buf // taken by imore
@@ -265,7 +288,7 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 			return true
 		}
 		l.spinStart, l.slept = time.Time{}, false
-		if short && l.spinFor == 0 {
+		if drained && l.spinFor == 0 && l.writes.Load() != w0 {
 			// Wait without the buffer, as after an empty read.
 			l.slept = true
 			l.iput(l.ibuf)
@@ -281,13 +304,13 @@ func (l *fdLink) readIdleOnce(fd uintptr) bool {
 	if l.ibuf == nil {
 		l.ibuf = l.iget()
 	}
-	n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&l.ibuf[0])), uintptr(len(l.ibuf)))
+	n, e := l.readInq(fd)
 	if e == unix.EAGAIN && !l.slept && l.spinFor > 0 && (l.quiet == nil || l.quiet.Load() == 0) {
 		if l.spinStart.IsZero() {
 			l.spinStart = time.Now()
 		}
 		for e == unix.EAGAIN && !l.rung() && l.spin() {
-			n, _, e = unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&l.ibuf[0])), uintptr(len(l.ibuf)))
+			n, e = l.readInq(fd)
 		}
 	}
 	switch e {
@@ -309,6 +332,31 @@ func (l *fdLink) readIdleOnce(fd uintptr) bool {
 		l.rn, l.rerr = 0, e
 	}
 	return true
+}
+
+// readInq reads into the idle buffer: with TCP_INQ a recvmsg, which also
+// sets inqLeft to the bytes it left (a FIN counting as one), else a read
+// (inqLeft -1).
+func (l *fdLink) readInq(fd uintptr) (uintptr, syscall.Errno) {
+	l.inqLeft = -1
+	if !l.inq {
+		n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&l.ibuf[0])), uintptr(len(l.ibuf)))
+		return n, e
+	}
+	l.rvec.Base = &l.ibuf[0]
+	l.rvec.SetLen(len(l.ibuf))
+	l.rmsg = unix.Msghdr{Iov: &l.rvec, Control: &l.rcmsg[0]}
+	l.rmsg.Iovlen = 1
+	l.rmsg.SetControllen(len(l.rcmsg))
+	n, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&l.rmsg)), unix.MSG_DONTWAIT)
+	l.rvec.Base = nil
+	if e == 0 && l.rmsg.Controllen >= unix.SizeofCmsghdr+4 {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&l.rcmsg[0]))
+		if h.Level == unix.IPPROTO_TCP && h.Type == unix.TCP_CM_INQ {
+			l.inqLeft = int(*(*int32)(unsafe.Pointer(&l.rcmsg[unix.SizeofCmsghdr])))
+		}
+	}
+	return n, e
 }
 
 // spin is a step of a spinning wait: it reports whether the wait goes on
@@ -469,6 +517,7 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 	for i := range int(n) {
 		l.wn += int(msgs[i].len)
 	}
+	l.writes.Add(1)
 	return true
 }
 

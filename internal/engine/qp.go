@@ -297,6 +297,7 @@ type QP struct {
 	rxWakes    atomic.Int64 // times the receive goroutine woke to take the path (tests)
 	watchLooks atomic.Int64 // times the watcher looked at the queue pair (tests)
 	rings      atomic.Int64 // times its doorbell rang (tests)
+	ctxRings   atomic.Int64 // of them, by a waiter's context (tests)
 	dcLooks    atomic.Int64 // times Disconnect looked whether the queue pair is idle (tests)
 	rxStaged   atomic.Bool  // the receive path holds a staging buffer (tests)
 
@@ -337,7 +338,7 @@ func NewQP(cfg Config) (*QP, error) {
 		done:   make(chan struct{}),
 		failed: make(chan struct{}),
 	}
-	q.ringFn = q.ring // made once: a context's registration takes no new one
+	q.ringFn = q.ctxRing // made once: a context's registration takes no new one
 	cfg.SendCQ.attach(q)
 	if cfg.RecvCQ != cfg.SendCQ {
 		cfg.RecvCQ.attach(q)

@@ -533,6 +533,12 @@ func (q *QP) ring() {
 	q.link.Conn().SetReadDeadline(time.Unix(1, 0))
 }
 
+// ctxRing rings the doorbell for a waiter's context that is done.
+func (q *QP) ctxRing() {
+	q.ctxRings.Add(1)
+	q.ring()
+}
+
 // rearm clears the read deadline after the doorbell rang, unless it rang
 // again meanwhile. The holder of the path keeps the deadline it set in
 // rxDL, to skip clearing it again.
