@@ -46,13 +46,16 @@ type fdLink struct {
 	closeAfter bool
 	// The idle read is a recvmsg that asks (TCP_INQ, if inq) how many
 	// bytes it left in the socket, a FIN counting as one: inqLeft, -1 if
-	// unknown. writes counts the writes the socket took (see doReadIdle).
+	// unknown. wstart numbers the writes as they start, under the fd's
+	// write lock, and wok is the number of the last the socket took (see
+	// doReadIdle).
 	inq     bool
 	inqLeft int
 	rmsg    unix.Msghdr
 	rvec    unix.Iovec
 	rcmsg   [24]byte // one cmsghdr and its int, aligned
-	writes  atomic.Uint64
+	wstart  atomic.Uint64
+	wok     atomic.Uint64
 	// empties counts the idle reads that found the socket empty (tests).
 	empties atomic.Int64
 	ifunc   func(uintptr) bool
@@ -254,9 +257,10 @@ func (l *fdLink) setBusyPoll(d time.Duration, bell *atomic.Bool, quiet *atomic.I
 //   - A reset's event can come before the read too, and be taken by the
 //     wake-up that the bytes before it caused; the read then returns the
 //     bytes, leaving the error for the next read, and TCP_INQ says
-//     nothing of it. A write after the read finds the error instead
-//     (tcp_sendmsg fails on it, and the queue pair with it): so the
-//     socket must have taken a write since the read.
+//     nothing of it. A write begun after the read finds the error
+//     instead (tcp_sendmsg fails on it, and the queue pair with it): so
+//     the socket must have taken a write begun since the read (one begun
+//     before may have passed that check before the reset came).
 //   - It must be the same RawRead: a new one begins by clearing the
 //     readiness kept (runtime_pollReset), so bytes that came between the
 //     two would wait there unseen.
@@ -275,7 +279,7 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 		}
 		n, drained := l.rn, l.inqLeft == 0
 		linkAcquire(l.race) // imore places what came, as after a read
-		w0 := l.writes.Load()
+		w0 := l.wstart.Load()
 		l.inMore.Store(1)
 		buf, again := l.imore(n)
 		l.rn, l.ibuf = 0, buf // taken by imore
@@ -288,7 +292,7 @@ func (l *fdLink) doReadIdle(fd uintptr) bool {
 			return true
 		}
 		l.spinStart, l.slept = time.Time{}, false
-		if drained && l.spinFor == 0 && l.writes.Load() != w0 {
+		if drained && l.spinFor == 0 && l.wok.Load() > w0 {
 			// Wait without the buffer, as after an empty read.
 			l.slept = true
 			l.iput(l.ibuf)
@@ -486,6 +490,7 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 	// After the copy: what the peer reads was read here before (see
 	// link_race.go).
 	linkRelease(l.race)
+	ticket := l.wstart.Add(1)
 	var n uintptr
 	var e syscall.Errno
 	if b := l.wone; b != nil {
@@ -517,7 +522,7 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 	for i := range int(n) {
 		l.wn += int(msgs[i].len)
 	}
-	l.writes.Add(1)
+	l.wok.Store(ticket)
 	return true
 }
 
