@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -61,17 +62,27 @@ func TestProgressFuncSeesHalfClose(t *testing.T) {
 func TestProgressFuncPingPong(t *testing.T) {
 	r := tcpRig(t)
 	const rounds = 500
-	abuf, adata := r.reg(t, 8, mem.LocalWrite|mem.RemoteWrite)
-	bbuf, bdata := r.reg(t, 8, mem.LocalWrite|mem.RemoteWrite)
+	// Each side Writes from its out region into the peer's in region.
+	type side struct {
+		in, out   *mem.Region
+		got, sent []byte
+	}
+	var sides [2]side
+	for i := range sides {
+		sides[i].in, sides[i].got = r.reg(t, 8, mem.LocalWrite|mem.RemoteWrite)
+		sides[i].out, sides[i].sent = r.reg(t, 8, mem.LocalWrite)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	play := func(q *QP, mine, theirs *mem.Region, data []byte, first bool) error {
-		var want uint64
+	// base: the bytes earlier ping-pongs placed in each region.
+	play := func(q *QP, me, peer *side, first bool, rounds int, base uint64) error {
+		mine, data := me.in, me.got
+		want := base
 		sent := 0
-		wr := SendWR{Op: OpWrite, SGL: []SGE{{MR: mine, Length: 8}}, RemoteAddr: theirs.Addr(), RKey: uint32(theirs.STag())}
+		wr := SendWR{Op: OpWrite, SGL: []SGE{{MR: me.out, Length: 8}}, RemoteAddr: peer.in.Addr(), RKey: uint32(peer.in.STag())}
 		var ferr error
 		post := func() bool {
-			data[0] = byte(sent)
+			me.sent[0] = byte(sent)
 			if ferr = q.PostSend(&wr); ferr != nil {
 				return false
 			}
@@ -88,8 +99,8 @@ func TestProgressFuncPingPong(t *testing.T) {
 				return true
 			}
 			want += 8
-			if got := data[0]; got != byte(want/8-1) {
-				ferr = fmt.Errorf("round %d: got %d", want/8, got)
+			if got, round := data[0], (want-base)/8; got != byte(round-1) {
+				ferr = fmt.Errorf("round %d: got %d", round, got)
 				return false
 			}
 			if first && sent == rounds {
@@ -102,15 +113,31 @@ func TestProgressFuncPingPong(t *testing.T) {
 		}
 		return err
 	}
+	var base uint64
+	pingpong := func(n int) {
+		t.Helper()
+		errc := make(chan error, 1)
+		go func() { errc <- play(r.b, &sides[1], &sides[0], false, n, base) }()
+		if err := play(r.a, &sides[0], &sides[1], true, n, base); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		base += uint64(8 * n)
+	}
+	pingpong(50) // the free lists grow to what a round trip takes
 	la, lb := r.a.link.(*fdLink), r.b.link.(*fdLink)
 	before := la.empties.Load() + lb.empties.Load()
-	errc := make(chan error, 1)
-	go func() { errc <- play(r.b, bbuf, abuf, bdata, false) }()
-	if err := play(r.a, abuf, bbuf, adata, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	pingpong(rounds)
+	runtime.ReadMemStats(&m1)
+	// The loops' closures and the goroutine: nothing per round trip.
+	if n := m1.Mallocs - m0.Mallocs; n > rounds/10 {
+		t.Errorf("%d allocations in %d round trips", n, rounds)
+	} else {
+		t.Logf("%d allocations in %d round trips", n, rounds)
 	}
 	// Waiting per message, each reader finds it empty once a message,
 	// 2*rounds in all; here none but when readiness came for bytes
