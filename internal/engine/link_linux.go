@@ -119,6 +119,8 @@ func NewLink(c net.Conn) Link {
 	_ = rc.Control(func(fd uintptr) {
 		l.inq = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_INQ, 1) == nil
 	})
+	l.rmsg.Iov, l.rmsg.Control = &l.rvec, &l.rcmsg[0]
+	l.rmsg.SetIovlen(1)
 	return l
 }
 
@@ -349,11 +351,9 @@ func (l *fdLink) readInq(fd uintptr) (uintptr, syscall.Errno) {
 	}
 	l.rvec.Base = &l.ibuf[0]
 	l.rvec.SetLen(len(l.ibuf))
-	l.rmsg = unix.Msghdr{Iov: &l.rvec, Control: &l.rcmsg[0]}
-	l.rmsg.Iovlen = 1
-	l.rmsg.SetControllen(len(l.rcmsg))
+	l.rmsg.SetControllen(len(l.rcmsg)) // the kernel leaves what it filled
 	n, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&l.rmsg)), unix.MSG_DONTWAIT)
-	l.rvec.Base = nil
+	l.rvec.Base = nil // the buffer goes back to its free list
 	if e == 0 && l.rmsg.Controllen >= unix.SizeofCmsghdr+4 {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&l.rcmsg[0]))
 		if h.Level == unix.IPPROTO_TCP && h.Type == unix.TCP_CM_INQ {
@@ -799,16 +799,12 @@ func (l *fdLink) MSS() int {
 
 func (l *fdLink) Close() error {
 	for {
-		switch l.inMore.Load() {
-		case 1:
-			if !l.inMore.CompareAndSwap(1, 2) {
-				continue
-			}
+		switch s := l.inMore.Load(); {
+		case s == 0:
+			return l.closeNow()
+		case s == 2 || l.inMore.CompareAndSwap(1, 2):
 			return nil // the reader closes it as it leaves (see inMore)
-		case 2:
-			return nil
 		}
-		return l.closeNow()
 	}
 }
 

@@ -139,7 +139,7 @@ func (r *rxState) receive() (rang bool, err error) {
 		// buffer r holds when they come, where iov pointed. An inline
 		// waiter takes them where they are read (moreIdle).
 		var more func(int) ([]byte, bool)
-		if r.waiting {
+		if r.q.rxInline.Load() {
 			more = r.more
 		}
 		k, _, rerr = r.idle.ReadIdle(r.buf, r.put, r.get, more)
@@ -209,51 +209,16 @@ func (r *rxState) waitOver() bool {
 // returns false (ProgressFunc returns nil) or ctx is done. fn runs where
 // the bytes are read, holding the receive path: it may post, poll, look
 // at regions and close this QP (see closeLater), not wait on this QP or
-// its CQs. The wait it does not
-// return from lets the reader, having emptied the socket, wait for the
-// next bytes without reading it again (see fdLink.doReadIdle): the least
-// latency a loop of waits and posts can have.
+// its CQs. The wait it does not return from lets the reader, having
+// emptied the socket, wait for the next bytes without reading it again
+// (see fdLink.doReadIdle): the least latency a loop of waits and posts
+// can have.
 func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
 	defer q.closeLeft()
 	if !q.callFn(fn) {
 		return nil
 	}
-	for {
-		if err := q.notReady(); err != nil {
-			return err
-		}
-		select {
-		case <-q.rxTick:
-			if !q.callFn(fn) {
-				return nil
-			}
-			continue
-		default:
-		}
-		q.rx.waitFn, q.rx.fnOver = fn, false
-		ok := q.receiveInline(ctx, nil)
-		over := q.rx.fnOver
-		q.rx.waitFn, q.rx.fnOver = nil, false
-		if ok {
-			if isDone(ctx.Done()) {
-				return ctx.Err()
-			}
-			if over {
-				return nil
-			}
-			continue
-		}
-		select {
-		case <-q.rxFree:
-		case <-q.failed:
-		case <-q.rxTick:
-			if !q.callFn(fn) {
-				return nil
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	return q.progress(ctx, fn)
 }
 
 // callFn calls a ProgressFunc's function, marking it as running for
@@ -391,23 +356,25 @@ func (q *QP) failAborted(fallback error) bool {
 }
 
 // receiveInline runs the receive path on the calling goroutine, blocking
-// on the socket, until cq has a completion (cq not nil) or an FPDU has
-// been received (cq nil: Progress), or ctx is done. It is how a
+// on the socket, until cq has a completion (cq not nil), fn (called after
+// the FPDUs received) says no more (over), or, with neither, an FPDU has
+// been received (Progress); or ctx is done. It is how a
 // goroutine waiting for this QP receives with no hand-off from the receive
 // goroutine: the latency of a plain TCP reader. It reports false, having
-// asked the receive goroutine to yield, when that goroutine holds the path;
+// asked the receive goroutine to yield, when that goroutine holds the path
+// (held false);
 // the caller then waits on rxFree. The read blocks in the netpoller with
 // no deadline; the doorbell (ring) wakes it for a completion from
 // elsewhere, or for ctx being done (see watchCtx), so a wait costs no
 // clock reading, deadline or allocation.
-func (q *QP) receiveInline(ctx context.Context, cq *CQ) bool {
+func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool) (held, over bool) {
 	if s := q.State(); s != StateReady && s != StateClosing {
-		return false
+		return false, false
 	}
 	if !q.rxMu.TryLock() {
 		q.rxYield.Store(true)
 		q.ring()
-		return false
+		return false, false
 	}
 	q.rxInline.Store(true)
 	if cq != nil {
@@ -421,7 +388,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ) bool {
 	r := &q.rx
 	// What the waiter waits for, as data rather than a function, which
 	// kept in r would escape and cost an allocation per wait.
-	r.waitCQ, r.waitFrom, r.waiting = cq, r.fpdus, true
+	r.waitCQ, r.waitFn, r.fnOver, r.waitFrom = cq, fn, false, r.fpdus
 	var failed error
 	// ctx is looked at when the doorbell stops the read, not after every
 	// FPDU, through its Done channel (its Err takes a lock).
@@ -442,7 +409,8 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ) bool {
 			live = !isDone(d)
 		}
 	}
-	r.waiting, r.waitCQ = false, nil
+	over = r.fnOver
+	r.waitCQ, r.waitFn = nil, nil
 	r.answerNow()
 	if cq != nil {
 		cq.setInline(nil)
@@ -457,7 +425,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ) bool {
 	q.rxAppGen.Add(1)
 	q.rxMu.Unlock()
 	waitWatcher.watch(q) // the receive goroutine takes the path back if this waiter does not return
-	return true
+	return true, over
 }
 
 // Progress blocks until the queue pair has received at least one FPDU
@@ -467,7 +435,14 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ) bool {
 // MR.Placed between calls. An FPDU received since the last call returned,
 // on another goroutine, ends it at once, so none is missed between a look
 // at MR.Placed and the call.
-func (q *QP) Progress(ctx context.Context) error {
+func (q *QP) Progress(ctx context.Context) error { return q.progress(ctx, nil) }
+
+// progress is Progress (fn nil: until an FPDU has come) and ProgressFunc
+// (until fn, called after the FPDUs received, says no more).
+func (q *QP) progress(ctx context.Context, fn func() bool) error {
+	// more is called after FPDUs came that the receive goroutine took:
+	// whether to wait on.
+	more := func() bool { return fn != nil && q.callFn(fn) }
 	for {
 		if err := q.notReady(); err != nil {
 			return err
@@ -478,22 +453,30 @@ func (q *QP) Progress(ctx context.Context) error {
 		// goroutine yielded it waited for one more FPDU, forever.
 		select {
 		case <-q.rxTick:
-			return nil
+			if !more() {
+				return nil
+			}
+			continue
 		default:
 		}
 		// The FPDUs received are counted under the path, from when
 		// receiveInline holds it.
-		if q.receiveInline(ctx, nil) {
+		if held, over := q.receiveInline(ctx, nil, fn); held {
 			if isDone(ctx.Done()) {
 				return ctx.Err()
 			}
-			return nil
+			if fn == nil || over {
+				return nil
+			}
+			continue
 		}
 		select {
 		case <-q.rxFree:
 		case <-q.failed: // the receive goroutine failed instead of yielding
 		case <-q.rxTick:
-			return nil
+			if !more() {
+				return nil
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}

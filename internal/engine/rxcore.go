@@ -56,16 +56,16 @@ type rxState struct {
 	put  func([]byte)
 	get  func() []byte
 	// more is r.moreIdle, made once; moreErr is what the core said of
-	// bytes more took. waiting is set while an inline waiter holds the
-	// path (see receiveInline), waiting for a completion in waitCQ or,
-	// with none, for an FPDU after the waitFrom'th.
+	// bytes more took. While an inline waiter holds the path (see
+	// receiveInline) it waits for a completion in waitCQ, or for waitFn
+	// (called after each FPDU) to say no more (fnOver), or with neither
+	// for an FPDU after the waitFrom'th.
 	more     func(int) ([]byte, bool)
 	moreErr  error
-	waiting  bool
 	waitCQ   *CQ
-	waitFrom uint64
 	waitFn   func() bool
 	fnOver   bool
+	waitFrom uint64
 
 	iov    [][]byte // what next returned
 	direct bool     // iov starts with the payload's destination
