@@ -385,9 +385,14 @@ func (q *QP) Close() error {
 	if inFn {
 		// Called from a ProgressFunc's function (or while one runs),
 		// which holds the receive path the goroutines below wait for:
-		// ProgressFunc finishes the close as it returns.
+		// ProgressFunc finishes the close as it returns. The flag is set
+		// before inFn is looked at again, and ProgressFunc clears inFn
+		// before it looks at the flag, so one of the two sees the other:
+		// a function that returned meanwhile leaves the close to us.
 		q.closeLater.Store(true)
-		return nil
+		if q.inFn.Load() {
+			return nil
+		}
 	}
 	q.mu.Lock()
 	q.txGone = true // no transmit goroutine starts while we wait
