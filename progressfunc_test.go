@@ -182,3 +182,64 @@ func TestProgressFuncCloses(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressFuncOwnCompletions: a loop that posts signaled Writes and
+// waits for their completions, which no FPDU from the peer answers (the
+// peer only takes them), ends: the function is called again for the
+// completions that came from the transmit path, in Handed mode (the
+// posting goroutine completes them as the socket takes the bytes, while
+// the function runs) and Acked mode (the transmit path's clock does,
+// later). The AsyncOnly queue pairs complete from the transmit goroutine.
+func TestProgressFuncOwnCompletions(t *testing.T) {
+	for _, m := range []gowarp.CompletionMode{gowarp.Handed, gowarp.Acked} {
+		for _, o := range []gowarp.ConnectOptions{{}, {SharedMemory: true}} {
+			t.Run(fmt.Sprintf("mode=%d/shm=%v", m, o.SharedMemory), func(t *testing.T) {
+				p := newIdlePairMode(t, 64, m, false)
+				p.connectOn(t, o, o, "127.0.0.1:0", nil, nil)
+				t.Cleanup(func() { p.a.Close(); p.b.Close() })
+				dst, _ := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteWrite)
+				src, _ := p.reg(t, 64, gowarp.LocalWrite)
+				wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}},
+					RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				const writes = 200
+				posted, done, calls := 0, 0, 0
+				var ferr error
+				var wc [4]gowarp.Completion
+				err := p.b.ProgressFunc(ctx, func() bool {
+					calls++
+					for n := p.bcq.Poll(wc[:]); n > 0; n = p.bcq.Poll(wc[:]) {
+						for _, c := range wc[:n] {
+							if ferr = c.Err(); ferr != nil {
+								return false
+							}
+							done++
+						}
+					}
+					if done == writes {
+						return false
+					}
+					if posted == done {
+						wr.ID = uint64(posted)
+						if ferr = p.b.PostSend(&wr); ferr != nil {
+							return false
+						}
+						posted++
+					}
+					return true
+				})
+				if ferr != nil {
+					t.Fatal(ferr)
+				}
+				if err != nil {
+					t.Fatalf("ProgressFunc after %d of %d completions (%d calls): %v", done, writes, calls, err)
+				}
+				// Handed: the socket or ring took them; they land soon.
+				if err := dst.WaitPlaced(ctx, writes*64); err != nil {
+					t.Fatalf("placed %d bytes, want %d: %v", dst.Placed(), writes*64, err)
+				}
+			})
+		}
+	}
+}

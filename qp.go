@@ -95,8 +95,10 @@ func (qp *QP) Progress(ctx context.Context) error { return qp.q.Progress(ctx) }
 // ProgressFunc is Progress for a loop of waits and posts, as a
 // ping-pong or a server's request loop is: it calls fn, then receives on
 // the calling goroutine and calls fn again after the FPDUs received (at
-// least once for any that came), until fn returns false (ProgressFunc
-// returns nil), ctx is done, or the queue pair fails (its error).
+// least once for any that came) and after this queue pair's Sends and
+// Writes complete (their completions come from the transmit path, not
+// from the peer's bytes), until fn returns false (ProgressFunc returns
+// nil), ctx is done, or the queue pair fails (its error).
 //
 // fn runs in the receive path. It may post to any queue pair, poll
 // completion queues and look at regions (MR.Placed), and should look at

@@ -313,6 +313,11 @@ type QP struct {
 	// Close was called meanwhile and left the rest to ProgressFunc.
 	inFn       atomic.Bool
 	closeLater atomic.Bool
+	// fnWait is set while a ProgressFunc runs; fnKick, when a completion
+	// came from elsewhere than the receive path since its function was
+	// last called (see kickFn).
+	fnWait atomic.Bool
+	fnKick atomic.Bool
 }
 
 // NewQP returns an idle queue pair.
@@ -752,6 +757,7 @@ const ackPollFirst = 10 * time.Microsecond
 // retireLocked completes send-queue entries in order, as far as they are
 // done, pushing completions for the signaled and the failed.
 func (q *QP) retireLocked(fromRx bool) {
+	pushed := false
 	for q.sqHead < q.sqTail {
 		e := &q.sq[q.sqHead%uint64(len(q.sq))]
 		if !e.done {
@@ -771,9 +777,13 @@ func (q *QP) retireLocked(fromRx bool) {
 			if !q.cfg.SendCQ.push(&c, fromRx) {
 				q.overrunLocked()
 			}
+			pushed = true
 		}
 		e.pre, e.nsge = nil, 0
 		q.sqHead++
+	}
+	if pushed && !fromRx {
+		q.kickFn()
 	}
 	if q.sqDone < q.sqHead {
 		// The receive path retired work the transmit path had not yet

@@ -195,7 +195,7 @@ func (r *rxState) waitOver() bool {
 		return r.waitCQ.nonEmpty()
 	}
 	if r.waitFn != nil {
-		if r.fpdus != r.waitFrom {
+		if r.fpdus != r.waitFrom || r.q.fnKick.Load() {
 			r.waitFrom = r.fpdus
 			r.fnOver = !r.q.callFn(r.waitFn)
 		}
@@ -213,20 +213,52 @@ func (r *rxState) waitOver() bool {
 // emptied the socket, wait for the next bytes without reading it again
 // (see fdLink.doReadIdle): the least latency a loop of waits and posts
 // can have.
+//
+// fn is also called after a completion of this QP's that came from
+// elsewhere than the receive path (a Send or Write the socket took, whose
+// bytes no FPDU answers), so a loop that waits for its own work's
+// completions ends.
 func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
 	defer q.closeLeft()
+	q.fnWait.Store(true)
+	defer q.fnWait.Store(false)
 	if !q.callFn(fn) {
 		return nil
 	}
 	return q.progress(ctx, fn)
 }
 
-// callFn calls a ProgressFunc's function, marking it as running for
-// Close (see closeLater).
+// callFn calls a ProgressFunc's function, and again while completions
+// came meanwhile (kickFn), marking it as running for Close (see
+// closeLater).
 func (q *QP) callFn(fn func() bool) bool {
+	for {
+		q.fnKick.Store(false)
+		if ok := q.callFnOnce(fn); !ok || !q.fnKick.Load() {
+			return ok
+		}
+	}
+}
+
+func (q *QP) callFnOnce(fn func() bool) bool {
 	q.inFn.Store(true)
 	defer q.inFn.Store(false)
 	return fn()
+}
+
+// kickFn has a running ProgressFunc call its function again for a
+// completion that came from elsewhere than the receive path, which calls
+// it after FPDUs only. The flag is set before inFn is looked at, and
+// callFn clears inFn before it looks at the flag: either the function's
+// caller sees the flag and calls it again, or the doorbell stops the
+// wait it returns to (waitOver sees the flag).
+func (q *QP) kickFn() {
+	if q.fnWait.Load() {
+		q.fnKick.Store(true)
+		if !q.inFn.Load() {
+			q.ring()
+		}
+	}
 }
 
 // closeLeft finishes, as ProgressFunc returns, a Close called while its
