@@ -54,7 +54,8 @@ func (d *data) waitCounts(ctx context.Context, sends, recvs int) error {
 // answers what it received. A Write's arrival is told by the bytes placed
 // in the buffer (perftest polls the buffer's last byte, which carries the
 // message's number; the number is checked here too). Unlike perftest,
-// which busy-polls, both waits block.
+// which busy-polls, the loop posts from QP.ProgressFunc: it answers where
+// the bytes are read and sleeps between messages without a wake-up.
 func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest) ([]int64, error) {
 	n, size := o.Iters, o.Size
 	out := d.buf.Bytes()[:size]
@@ -75,47 +76,99 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 	t0 := time.Now()
 	// Only the peer places bytes in this region, and its first Write may
 	// land before this side is here: count from zero.
-	const base = 0
 	recvs0 := d.recvs
-	scnt, rcnt := 0, 0
-	for scnt < n || (o.Test != ReadLat && rcnt < n) {
-		if o.Test != ReadLat && rcnt < n && !(scnt == 0 && first) {
-			rcnt++
-			switch o.Test {
-			case WriteLat:
-				if err := d.waitPlaced(ctx, base+uint64(rcnt)*uint64(size)); err != nil {
-					return nil, fmt.Errorf("waiting for Write %d: %w", rcnt, err)
+	scnt, rcnt, want := 0, 0, 0
+	// Each round takes the next message, if one is to come, then posts
+	// the next and waits for its completion, as perftest's loop does.
+	const (
+		begin = iota
+		awaitRecv
+		post
+		awaitSend
+	)
+	phase := begin
+	var ferr error
+	step := func() bool {
+		for {
+			k, err := d.pump(ctx, false)
+			if err != nil {
+				ferr = err
+				return false
+			}
+			if k == 0 {
+				break
+			}
+		}
+		for {
+			switch phase {
+			case begin:
+				if scnt >= n && (o.Test == ReadLat || rcnt >= n) {
+					return false
 				}
-				// The placed count says the whole message is there.
-				if got := in[size-1]; got != byte(rcnt) {
-					return nil, fmt.Errorf("the peer's Write %d ends with %d, want %d", rcnt, got, byte(rcnt))
+				phase = post
+				if o.Test != ReadLat && rcnt < n && !(scnt == 0 && first) {
+					rcnt++
+					phase = awaitRecv
 				}
-			case SendLat:
-				if err := d.waitCounts(ctx, 0, recvs0+rcnt); err != nil {
-					return nil, fmt.Errorf("waiting for Send %d: %w", rcnt, err)
-				}
-				// RxDepth receives were posted first; one more for each
-				// taken while more Sends are to come than are posted.
-				if rcnt+o.RxDepth <= n {
-					if err := d.qp.PostRecv(d.recvWR()); err != nil {
-						return nil, err
+			case awaitRecv:
+				switch o.Test {
+				case WriteLat:
+					// The placed count says the whole message is there.
+					if d.buf.Placed() < uint64(rcnt)*uint64(size) {
+						return true
+					}
+					if got := in[size-1]; got != byte(rcnt) {
+						ferr = fmt.Errorf("the peer's Write %d ends with %d, want %d", rcnt, got, byte(rcnt))
+						return false
+					}
+				case SendLat:
+					if d.recvs < recvs0+rcnt {
+						return true
+					}
+					// RxDepth receives were posted first; one more for
+					// each taken while more Sends are to come than are
+					// posted.
+					if rcnt+o.RxDepth <= n {
+						if ferr = d.qp.PostRecv(d.recvWR()); ferr != nil {
+							return false
+						}
 					}
 				}
+				phase = post
+			case post:
+				phase = begin
+				if scnt < n {
+					out[size-1] = byte(scnt + 1)
+					tposted[scnt] = int64(time.Since(t0))
+					scnt++
+					wr.ID = uint64(scnt)
+					want = d.sends + 1
+					if err := d.qp.PostSend(&wr); err != nil {
+						ferr = fmt.Errorf("posting message %d: %w", scnt, err)
+						return false
+					}
+					phase = awaitSend
+				}
+			case awaitSend:
+				if d.sends < want {
+					return true
+				}
+				phase = begin
 			}
 		}
-		if scnt < n {
-			out[size-1] = byte(scnt + 1)
-			tposted[scnt] = int64(time.Since(t0))
-			scnt++
-			wr.ID = uint64(scnt)
-			want := d.sends + 1
-			if err := d.qp.PostSend(&wr); err != nil {
-				return nil, fmt.Errorf("posting message %d: %w", scnt, err)
-			}
-			if err := d.waitCounts(ctx, want, 0); err != nil {
-				return nil, fmt.Errorf("message %d: %w", scnt, err)
-			}
+	}
+	err := d.qp.ProgressFunc(ctx, step)
+	if ferr != nil {
+		return nil, ferr
+	}
+	if err != nil {
+		switch phase {
+		case awaitRecv:
+			return nil, fmt.Errorf("waiting for message %d: %w", rcnt, err)
+		case awaitSend:
+			return nil, fmt.Errorf("message %d: %w", scnt, err)
 		}
+		return nil, err
 	}
 	return tposted, nil
 }
