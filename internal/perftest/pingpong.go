@@ -3,7 +3,6 @@ package perftest
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -13,28 +12,6 @@ import (
 
 // wordBytes is the memory of words as bytes, for registering it.
 func wordBytes(w []uint32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), 4*len(w)) }
-
-// waitPlaced waits until n bytes have been placed in the buffer, the
-// queue pair fails or ctx ends. It blocks (the placing goroutine wakes it)
-// rather than poll as perftest does: on a busy machine a spinning thread
-// starves the one that places the bytes.
-func (d *data) waitPlaced(ctx context.Context, n uint64) error {
-	for d.buf.Placed() < n {
-		if s := d.qp.State(); s != gowarp.StateReady {
-			return fmt.Errorf("queue pair %v: %w", s, d.qp.Err())
-		}
-		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		err := d.buf.WaitPlaced(wctx, n)
-		cancel()
-		if err != nil && ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-	}
-	return nil
-}
 
 // waitCounts pumps the CQ until at least sends and recvs completions
 // were seen.
