@@ -105,9 +105,27 @@ func startPeer(t *testing.T, run, env string) (cmd *exec.Cmd, addr string, stag 
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("child: %v", err)
+	// A child that never says where it listens must fail the test, not
+	// hang it: the read is bounded (the cleanup kills the child, which
+	// ends it).
+	type said struct {
+		line string
+		err  error
+	}
+	c := make(chan said, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		c <- said{line, err}
+	}()
+	var line string
+	select {
+	case s := <-c:
+		if s.err != nil {
+			t.Fatalf("child: %v", s.err)
+		}
+		line = s.line
+	case <-time.After(30 * time.Second):
+		t.Fatal("child: no address in 30 s")
 	}
 	if _, err := fmt.Sscan(line, &addr, &stag, &base); err != nil {
 		t.Fatalf("child said %q: %v", line, err)
