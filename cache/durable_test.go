@@ -19,6 +19,7 @@ import (
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/cache"
+	"github.com/gowarp/gowarp/internal/testwatch"
 )
 
 // TestRestart: a server closed and opened again on its data directory
@@ -89,7 +90,7 @@ func TestMain(m *testing.M) {
 		srv.Serve(context.Background(), ln)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(testwatch.Run(m))
 }
 
 // helper starts the server as a process of its own on dir.

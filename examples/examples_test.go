@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gowarp/gowarp/internal/testwatch"
 )
 
 var examples = []string{"sendrecv", "readbuf", "writenotify", "sharedcq", "tlswrite"}
@@ -54,7 +56,7 @@ func bin(t *testing.T, name string) string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testwatch.Run(m)
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}

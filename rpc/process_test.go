@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/internal/testwatch"
 )
 
 // The helper process: GOWARP_RPC_HELPER=server serves the test methods
@@ -45,7 +46,7 @@ func TestMain(m *testing.M) {
 		fmt.Println("calling")
 		select {}
 	}
-	os.Exit(m.Run())
+	os.Exit(testwatch.Run(m))
 }
 
 // helper starts this test binary as a helper process.

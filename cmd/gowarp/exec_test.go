@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"testing"
+
+	"github.com/gowarp/gowarp/internal/testwatch"
 )
 
 // TestMain runs the test binary as gowarp itself when GOWARP_CMD_MAIN is
@@ -12,5 +14,5 @@ func TestMain(m *testing.M) {
 	if os.Getenv("GOWARP_CMD_MAIN") == "1" {
 		main()
 	}
-	os.Exit(m.Run())
+	os.Exit(testwatch.Run(m))
 }

@@ -21,12 +21,14 @@ import (
 const margin = 20 * time.Second
 
 // Main runs the tests as a TestMain would, watching for a hang.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is m.Run watched for a hang, for a TestMain that does more.
+func Run(m *testing.M) int {
 	flag.Parse()
 	stop := Start(timeout())
-	code := m.Run()
-	stop()
-	os.Exit(code)
+	defer stop()
+	return m.Run()
 }
 
 // timeout is the binary's -test.timeout, or 0.
