@@ -97,6 +97,20 @@ func acceptLoop(t testing.TB, pd *gowarp.PD, cq *gowarp.CQ, ln *gowarp.Listener)
 	return qps
 }
 
+// nextQP takes the next queue pair acceptLoop accepted, failing the test
+// if none comes within 10 s (the loop's Accept failed after the client's
+// Connect succeeded, say) rather than hanging it.
+func nextQP(t testing.TB, qps <-chan *gowarp.QP) *gowarp.QP {
+	t.Helper()
+	select {
+	case qp := <-qps:
+		return qp
+	case <-time.After(10 * time.Second):
+		t.Fatal("no queue pair accepted in 10 s")
+		return nil
+	}
+}
+
 // TestAdapterPlacement: across two namespaces joined by two links, a
 // queue pair to a peer address is placed on the adapter whose topology row
 // reaches it most directly, dials from that adapter's address, and both
@@ -142,7 +156,7 @@ func TestAdapterPlacement(t *testing.T) {
 			if got := qp.Adapter(); got != ca[k] {
 				t.Errorf("round %d: queue pair to link %d's peer placed on %v, want %v", round, k, got, ca[k])
 			}
-			peer := <-qps[k]
+			peer := nextQP(t, qps[k])
 			defer peer.Close()
 			if got := peer.Adapter(); got != sa[k] {
 				t.Errorf("accepted queue pair on %v, want %v", got, sa[k])
@@ -228,7 +242,7 @@ func TestAdapterSpread(t *testing.T) {
 		if err := qp.Connect(ctx, ln.Addr().String(), gowarp.ConnectOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		defer (<-peers).Close()
+		defer nextQP(t, peers).Close()
 		if qp.Adapter() != ca[i%2] {
 			t.Errorf("queue pair %d on %v, want %v (in turn)", i, qp.Adapter(), ca[i%2])
 		}
@@ -329,7 +343,7 @@ func TestAdapterPlacementSharedMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		peer := <-peers
+		peer := nextQP(t, peers)
 		defer peer.Close()
 		if qp.Adapter() != tc.want || qp.Transport() != tc.tr || peer.Adapter() != shm || peer.Transport() != tc.tr {
 			t.Errorf("placed on %v over %v, the peer on %v over %v; want %v over %v, the peer on %v",
