@@ -3,6 +3,7 @@ package gowarp_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -30,11 +31,17 @@ func hotPathAllocsOf(t *testing.T, o gowarp.ConnectOptions, alloc bool) {
 		src, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
 		dst, _ := p.reg(t, 256<<10, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite|gowarp.RemoteAtomic)
 		recv, _ := p.reg(t, 256<<10, gowarp.LocalWrite)
-		ctx := context.Background()
+		// One context for every wait (each queue pair registers it
+		// once), bounding them: a lost wake-up fails the test, it does
+		// not hang it.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
 		var wc [4]gowarp.Completion
 		waitOne := func(cq *gowarp.CQ) {
 			for cq.Poll(wc[:1]) == 0 {
-				cq.Wait(ctx)
+				if err := cq.Wait(ctx); err != nil {
+					t.Fatalf("waiting for a completion: %v", err)
+				}
 			}
 			if wc[0].Status != gowarp.Success {
 				t.Fatalf("completion %+v", wc[0])
@@ -111,7 +118,8 @@ func preparedAndProgressAllocs(t *testing.T, o gowarp.ConnectOptions) {
 	wantTransport(t, p, o)
 	src, _ := p.reg(t, 4096, 0)
 	dst, _ := p.reg(t, 4096, gowarp.RemoteWrite)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // see hotPathAllocsOf
+	defer cancel()
 	pre, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +133,9 @@ func preparedAndProgressAllocs(t *testing.T, o gowarp.ConnectOptions) {
 		}
 		want += 8 * 64
 		for p.acq.Poll(wc[:1]) == 0 {
-			p.acq.Wait(ctx)
+			if err := p.acq.Wait(ctx); err != nil {
+				t.Fatalf("waiting for a completion: %v", err)
+			}
 		}
 		// The target side waits for the Writes to land by receiving inline.
 		for dst.Placed() < want {

@@ -2,6 +2,7 @@ package gowarp_test
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -54,9 +55,30 @@ func newPair(t testing.TB, o gowarp.ConnectOptions) *pair {
 func newPairOn(t testing.TB, o gowarp.ConnectOptions, listenAddr string, inA, inB func(func() error) error) *pair {
 	t.Helper()
 	p := newIdlePair(t, 1024)
+	// Before connecting: a connect that fails may have started one side.
+	t.Cleanup(func() { closeBounded(t, p.a, p.b) })
 	p.connectOn(t, o, o, listenAddr, inA, inB)
-	t.Cleanup(func() { p.a.Close(); p.b.Close() })
 	return p
+}
+
+// closeBounded closes the queue pairs, failing the test with every
+// goroutine's stack if that takes over 30 s (Close waits for the queue
+// pair's goroutines), rather than hanging the package.
+func closeBounded(t testing.TB, qps ...*gowarp.QP) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, qp := range qps {
+			qp.Close()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		buf := make([]byte, 1<<20)
+		t.Errorf("Close still waiting after 30 s:\n%s", buf[:runtime.Stack(buf, true)])
+	}
 }
 
 func (p *pair) reg(t testing.TB, n int, acc gowarp.Access) (*gowarp.MR, []byte) {

@@ -121,13 +121,13 @@ func shmExchange(t *testing.T, p *pair, max int, sizes []int) {
 		if i == len(spans)-1 {
 			wr.Flags = gowarp.Signaled
 		}
-		for {
+		for deadline := time.Now().Add(10 * time.Second); ; {
 			err := p.a.PostSend(&wr)
 			if err == nil {
 				break
 			}
-			if !errorsIsQueueFull(err) {
-				t.Fatal(err)
+			if !errorsIsQueueFull(err) || time.Now().After(deadline) {
+				t.Fatalf("burst, Write %d of %d: %v", i, len(spans), err)
 			}
 			time.Sleep(time.Millisecond)
 		}
