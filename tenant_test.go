@@ -67,7 +67,12 @@ func newTenantServer(t testing.TB) *tenantServer {
 				qp.Close()
 				continue
 			}
-			s.qps <- qp
+			select {
+			case s.qps <- qp:
+			case <-ctx.Done(): // the test ended without taking it
+				qp.Close()
+				return
+			}
 			t.Cleanup(func() { qp.Close() })
 		}
 	}()
