@@ -267,7 +267,13 @@ func testMigrateSession(t *testing.T, resolve bool) {
 	// are the application's to leave alone while the table is copied).
 	moveAt := time.Now()
 	close(srv.pause)
-	<-srv.paused
+	select {
+	case <-srv.paused:
+	case err := <-srvA:
+		t.Fatalf("node A's server stream ended before it paused: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("node A's server did not pause in 30 s")
+	}
 	est, err := slA.Export(ctx, conn, redirect)
 	conn.Close()
 	if err != nil {
