@@ -252,10 +252,11 @@ func (q *QP) callFnOnce(fn func() bool) bool {
 // callFn clears inFn before it looks at the flag: either the function's
 // caller sees the flag and calls it again, or the doorbell stops the
 // wait it returns to (waitOver sees the flag).
+// Under q.mu.
 func (q *QP) kickFn() {
 	if q.fnWait.Load() {
 		q.fnKick.Store(true)
-		if !q.inFn.Load() {
+		if !q.inFn.Load() && q.link != nil {
 			q.ring()
 		}
 	}
