@@ -224,6 +224,11 @@ func randomClient(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 				t.Errorf("no completion in 10 s with %d signaled outstanding (%v, %v)", outstanding, qp.State(), qp.Err())
 				return false
 			}
+			if err != nil && ctx.Err() == nil {
+				// An overrun: Wait would return at once from now on.
+				t.Errorf("waiting with %d signaled outstanding: %v", outstanding, err)
+				return false
+			}
 		}
 		for _, c := range wc[:cq.Poll(wc[:])] {
 			if c.ID >= clientRecv {
