@@ -243,3 +243,88 @@ func TestProgressFuncOwnCompletions(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressFuncHoldsThePath: the function runs holding the receive
+// path, even when the receive goroutine took what it answers: an echo
+// server with one receive, which answers and only then, after some work,
+// reposts it, never meets the client's next message without a receive.
+// The client's first message comes before the server's loop starts, so
+// the receive goroutine takes it; before the fix the function's first
+// call ran beside that goroutine, which took the next message during the
+// work: "Send with no receive", a Terminate.
+func TestProgressFuncHoldsThePath(t *testing.T) {
+	for _, o := range []gowarp.ConnectOptions{{}, {SharedMemory: true}} {
+		t.Run(fmt.Sprintf("shm=%v", o.SharedMemory), func(t *testing.T) {
+			p := newPair(t, o)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			smr, _ := p.reg(t, 64, gowarp.LocalWrite)
+			cmr, cbuf := p.reg(t, 128, gowarp.LocalWrite)
+			recv := gowarp.RecvWR{SGL: []gowarp.SGE{{MR: smr, Length: 64}}}
+			if err := p.b.PostRecv(&recv); err != nil {
+				t.Fatal(err)
+			}
+			const msgs = 5
+			for range msgs {
+				if err := p.a.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: cmr, Offset: 64, Length: 64}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The client: each message as soon as the last echo is back.
+			errc := make(chan error, 1)
+			go func() {
+				var wc [4]gowarp.Completion
+				for i := range msgs {
+					cbuf[0] = byte(i)
+					if err := p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: cmr, Length: 8}}}); err != nil {
+						errc <- err
+						return
+					}
+					for got := false; !got; {
+						if err := p.acq.Wait(ctx); err != nil {
+							errc <- fmt.Errorf("echo %d: %w (%v)", i, err, p.a.Err())
+							return
+						}
+						for _, c := range wc[:p.acq.Poll(wc[:])] {
+							if err := c.Err(); err != nil {
+								errc <- fmt.Errorf("echo %d: %w (%v)", i, err, p.a.Err())
+								return
+							}
+							got = got || c.Op == gowarp.CompRecv
+						}
+					}
+				}
+				errc <- nil
+			}()
+			time.Sleep(20 * time.Millisecond) // the first message is in
+			var wc [4]gowarp.Completion
+			echoed := 0
+			var ferr error
+			err := p.b.ProgressFunc(ctx, func() bool {
+				for _, c := range wc[:p.bcq.Poll(wc[:])] {
+					if ferr = c.Err(); ferr != nil {
+						return false
+					}
+					if ferr = p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: smr, Length: c.Bytes}}}); ferr != nil {
+						return false
+					}
+					time.Sleep(5 * time.Millisecond) // the answer's work, before the repost
+					if ferr = p.b.PostRecv(&recv); ferr != nil {
+						return false
+					}
+					echoed++
+				}
+				return echoed < msgs
+			})
+			if ferr == nil {
+				ferr = err
+			}
+			if ferr != nil {
+				t.Fatalf("server after %d echoes: %v (%v)", echoed, ferr, p.b.Err())
+			}
+			if err := <-errc; err != nil {
+				t.Fatalf("client: %v", err)
+			}
+		})
+	}
+}

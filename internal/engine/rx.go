@@ -195,8 +195,8 @@ func (r *rxState) waitOver() bool {
 		return r.waitCQ.nonEmpty()
 	}
 	if r.waitFn != nil {
-		if r.fpdus != r.waitFrom || r.q.fnKick.Load() {
-			r.waitFrom = r.fpdus
+		if r.fpdus != r.waitFrom || r.fnDue || r.q.fnKick.Load() {
+			r.waitFrom, r.fnDue = r.fpdus, false
 			r.fnOver = !r.q.callFn(r.waitFn)
 		}
 		return r.fnOver
@@ -222,10 +222,7 @@ func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
 	defer q.closeLeft()
 	q.fnWait.Store(true)
 	defer q.fnWait.Store(false)
-	if !q.callFn(fn) {
-		return nil
-	}
-	return q.progress(ctx, fn)
+	return q.progress(ctx, fn, true)
 }
 
 // callFn calls a ProgressFunc's function, and again while completions
@@ -389,9 +386,9 @@ func (q *QP) failAborted(fallback error) bool {
 }
 
 // receiveInline runs the receive path on the calling goroutine, blocking
-// on the socket, until cq has a completion (cq not nil), fn (called after
-// the FPDUs received) says no more (over), or, with neither, an FPDU has
-// been received (Progress); or ctx is done. It is how a
+// on the socket, until cq has a completion (cq not nil), fn (called first
+// if due, then after the FPDUs received) says no more (over), or, with
+// neither, an FPDU has been received (Progress); or ctx is done. It is how a
 // goroutine waiting for this QP receives with no hand-off from the receive
 // goroutine: the latency of a plain TCP reader. It reports false, having
 // asked the receive goroutine to yield, when that goroutine holds the path
@@ -400,7 +397,7 @@ func (q *QP) failAborted(fallback error) bool {
 // no deadline; the doorbell (ring) wakes it for a completion from
 // elsewhere, or for ctx being done (see watchCtx), so a wait costs no
 // clock reading, deadline or allocation.
-func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool) (held, over bool) {
+func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool, due bool) (held, over bool) {
 	if s := q.State(); s != StateReady && s != StateClosing {
 		return false, false
 	}
@@ -421,7 +418,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool) (held, o
 	r := &q.rx
 	// What the waiter waits for, as data rather than a function, which
 	// kept in r would escape and cost an allocation per wait.
-	r.waitCQ, r.waitFn, r.fnOver, r.waitFrom = cq, fn, false, r.fpdus
+	r.waitCQ, r.waitFn, r.fnOver, r.waitFrom, r.fnDue = cq, fn, false, r.fpdus, due
 	var failed error
 	// ctx is looked at when the doorbell stops the read, not after every
 	// FPDU, through its Done channel (its Err takes a lock).
@@ -468,14 +465,17 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool) (held, o
 // MR.Placed between calls. An FPDU received since the last call returned,
 // on another goroutine, ends it at once, so none is missed between a look
 // at MR.Placed and the call.
-func (q *QP) Progress(ctx context.Context) error { return q.progress(ctx, nil) }
+func (q *QP) Progress(ctx context.Context) error { return q.progress(ctx, nil, false) }
 
 // progress is Progress (fn nil: until an FPDU has come) and ProgressFunc
 // (until fn, called after the FPDUs received, says no more).
-func (q *QP) progress(ctx context.Context, fn func() bool) error {
-	// more is called after FPDUs came that the receive goroutine took:
-	// whether to wait on.
-	more := func() bool { return fn != nil && q.callFn(fn) }
+func (q *QP) progress(ctx context.Context, fn func() bool, due bool) error {
+	// fn is called only where the path is held (receiveInline), never
+	// beside the receive goroutine: what it posts and looks at cannot
+	// race the placements of the FPDUs that come meanwhile (an echo
+	// server that reposts its receive after its answer would otherwise
+	// meet the next request first). due says it is owed a call: it has
+	// not been called yet, or the receive goroutine took FPDUs.
 	for {
 		if err := q.notReady(); err != nil {
 			return err
@@ -486,15 +486,16 @@ func (q *QP) progress(ctx context.Context, fn func() bool) error {
 		// goroutine yielded it waited for one more FPDU, forever.
 		select {
 		case <-q.rxTick:
-			if !more() {
+			if fn == nil {
 				return nil
 			}
-			continue
+			due = true
 		default:
 		}
 		// The FPDUs received are counted under the path, from when
 		// receiveInline holds it.
-		if held, over := q.receiveInline(ctx, nil, fn); held {
+		if held, over := q.receiveInline(ctx, nil, fn, due); held {
+			due = false
 			if isDone(ctx.Done()) {
 				return ctx.Err()
 			}
@@ -507,9 +508,10 @@ func (q *QP) progress(ctx context.Context, fn func() bool) error {
 		case <-q.rxFree:
 		case <-q.failed: // the receive goroutine failed instead of yielding
 		case <-q.rxTick:
-			if !more() {
+			if fn == nil {
 				return nil
 			}
+			due = true
 		case <-ctx.Done():
 			return ctx.Err()
 		}
