@@ -100,13 +100,15 @@ func (qp *QP) Progress(ctx context.Context) error { return qp.q.Progress(ctx) }
 // from the peer's bytes), until fn returns false (ProgressFunc returns
 // nil), ctx is done, or the queue pair fails (its error).
 //
-// fn runs in the receive path. It may post to any queue pair, poll
-// completion queues and look at regions (MR.Placed), and should look at
-// that state rather than count its calls. It may close this queue pair
-// (Close, Disconnect), which then returns at once and is finished as
-// ProgressFunc returns ErrClosed; it must not wait on this queue pair or
-// its completion queues (Progress, CQ.Wait), which wait for the path it
-// holds. In return, between fn's calls the path waits for the
+// fn runs in the receive path, holding it: no FPDU of this queue pair is
+// placed or completed while fn runs, so a receive it reposts after its
+// answer is there before the peer's next Send lands. It may post to any
+// queue pair, poll completion queues and look at regions (MR.Placed), and
+// should look at that state rather than count its calls. It may close this
+// queue pair (Close, Disconnect), which then returns at once and is
+// finished as ProgressFunc returns ErrClosed; it must not wait on this
+// queue pair or its completion queues (Progress, CQ.Wait), which wait for
+// the path it holds. In return, between fn's calls the path waits for the
 // peer's next bytes without first reading an empty socket, a system call
 // that each return from Progress costs: on loopback an 8-byte write_lat
 // went from about 1.16 to 0.97 times a TCP ping-pong's latency.
