@@ -178,7 +178,7 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		}
 		var free chan struct{}
 		if only != nil {
-			if held, _ := only.receiveInline(ctx, cq, nil, false); held {
+			if held, _ := only.receiveInline(ctx, cq, nil); held {
 				if isDone(ctx.Done()) {
 					return ctx.Err()
 				}

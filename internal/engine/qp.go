@@ -313,11 +313,12 @@ type QP struct {
 	// Close was called meanwhile and left the rest to ProgressFunc.
 	inFn       atomic.Bool
 	closeLater atomic.Bool
-	// fnWait is set while a ProgressFunc runs; fnKick, when a completion
-	// came from elsewhere than the receive path since its function was
-	// last called (see kickFn).
+	// fnWait is set while a ProgressFunc runs; fnDue, while its function
+	// is owed a call it has not had: its first, or one for FPDUs the
+	// receive goroutine took or a completion from elsewhere than the
+	// receive path (see kickFn), made where the path is held.
 	fnWait atomic.Bool
-	fnKick atomic.Bool
+	fnDue  atomic.Bool
 }
 
 // NewQP returns an idle queue pair.

@@ -195,8 +195,8 @@ func (r *rxState) waitOver() bool {
 		return r.waitCQ.nonEmpty()
 	}
 	if r.waitFn != nil {
-		if r.fpdus != r.waitFrom || r.fnDue || r.q.fnKick.Load() {
-			r.waitFrom, r.fnDue = r.fpdus, false
+		if r.fpdus != r.waitFrom || r.q.fnDue.Load() {
+			r.waitFrom = r.fpdus
 			r.fnOver = !r.q.callFn(r.waitFn)
 		}
 		return r.fnOver
@@ -222,16 +222,17 @@ func (q *QP) ProgressFunc(ctx context.Context, fn func() bool) error {
 	defer q.closeLeft()
 	q.fnWait.Store(true)
 	defer q.fnWait.Store(false)
-	return q.progress(ctx, fn, true)
+	q.fnDue.Store(true) // its first call, where the path is held
+	return q.progress(ctx, fn)
 }
 
-// callFn calls a ProgressFunc's function, and again while completions
-// came meanwhile (kickFn), marking it as running for Close (see
+// callFn calls a ProgressFunc's function, and again while it was owed
+// another call meanwhile (kickFn), marking it as running for Close (see
 // closeLater).
 func (q *QP) callFn(fn func() bool) bool {
 	for {
-		q.fnKick.Store(false)
-		if ok := q.callFnOnce(fn); !ok || !q.fnKick.Load() {
+		q.fnDue.Store(false)
+		if ok := q.callFnOnce(fn); !ok || !q.fnDue.Load() {
 			return ok
 		}
 	}
@@ -248,11 +249,10 @@ func (q *QP) callFnOnce(fn func() bool) bool {
 // it after FPDUs only. The flag is set before inFn is looked at, and
 // callFn clears inFn before it looks at the flag: either the function's
 // caller sees the flag and calls it again, or the doorbell stops the
-// wait it returns to (waitOver sees the flag).
-// Under q.mu.
+// wait it returns to (waitOver sees the flag). Under q.mu.
 func (q *QP) kickFn() {
 	if q.fnWait.Load() {
-		q.fnKick.Store(true)
+		q.fnDue.Store(true)
 		if !q.inFn.Load() && q.link != nil {
 			q.ring()
 		}
@@ -386,18 +386,17 @@ func (q *QP) failAborted(fallback error) bool {
 }
 
 // receiveInline runs the receive path on the calling goroutine, blocking
-// on the socket, until cq has a completion (cq not nil), fn (called first
-// if due, then after the FPDUs received) says no more (over), or, with
-// neither, an FPDU has been received (Progress); or ctx is done. It is how a
-// goroutine waiting for this QP receives with no hand-off from the receive
-// goroutine: the latency of a plain TCP reader. It reports false, having
-// asked the receive goroutine to yield, when that goroutine holds the path
-// (held false);
-// the caller then waits on rxFree. The read blocks in the netpoller with
+// on the socket, until cq has a completion (cq not nil), fn (called when
+// owed a call, fnDue, and after the FPDUs received) says no more (over),
+// or, with neither, an FPDU has been received (Progress); or ctx is done.
+// It is how a goroutine waiting for this QP receives with no hand-off from
+// the receive goroutine: the latency of a plain TCP reader. It reports
+// held false, having asked the receive goroutine to yield, when that
+// goroutine holds the path; the caller then waits on rxFree. The read blocks in the netpoller with
 // no deadline; the doorbell (ring) wakes it for a completion from
 // elsewhere, or for ctx being done (see watchCtx), so a wait costs no
 // clock reading, deadline or allocation.
-func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool, due bool) (held, over bool) {
+func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool) (held, over bool) {
 	if s := q.State(); s != StateReady && s != StateClosing {
 		return false, false
 	}
@@ -418,7 +417,7 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool, due bool
 	r := &q.rx
 	// What the waiter waits for, as data rather than a function, which
 	// kept in r would escape and cost an allocation per wait.
-	r.waitCQ, r.waitFn, r.fnOver, r.waitFrom, r.fnDue = cq, fn, false, r.fpdus, due
+	r.waitCQ, r.waitFn, r.fnOver, r.waitFrom = cq, fn, false, r.fpdus
 	var failed error
 	// ctx is looked at when the doorbell stops the read, not after every
 	// FPDU, through its Done channel (its Err takes a lock).
@@ -465,17 +464,17 @@ func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool, due bool
 // MR.Placed between calls. An FPDU received since the last call returned,
 // on another goroutine, ends it at once, so none is missed between a look
 // at MR.Placed and the call.
-func (q *QP) Progress(ctx context.Context) error { return q.progress(ctx, nil, false) }
+func (q *QP) Progress(ctx context.Context) error { return q.progress(ctx, nil) }
 
 // progress is Progress (fn nil: until an FPDU has come) and ProgressFunc
 // (until fn, called after the FPDUs received, says no more).
-func (q *QP) progress(ctx context.Context, fn func() bool, due bool) error {
+func (q *QP) progress(ctx context.Context, fn func() bool) error {
 	// fn is called only where the path is held (receiveInline), never
 	// beside the receive goroutine: what it posts and looks at cannot
 	// race the placements of the FPDUs that come meanwhile (an echo
 	// server that reposts its receive after its answer would otherwise
-	// meet the next request first). due says it is owed a call: it has
-	// not been called yet, or the receive goroutine took FPDUs.
+	// meet the next request first). FPDUs that goroutine took owe fn a
+	// call (fnDue), as a completion from elsewhere does.
 	for {
 		if err := q.notReady(); err != nil {
 			return err
@@ -489,13 +488,12 @@ func (q *QP) progress(ctx context.Context, fn func() bool, due bool) error {
 			if fn == nil {
 				return nil
 			}
-			due = true
+			q.fnDue.Store(true)
 		default:
 		}
 		// The FPDUs received are counted under the path, from when
 		// receiveInline holds it.
-		if held, over := q.receiveInline(ctx, nil, fn, due); held {
-			due = false
+		if held, over := q.receiveInline(ctx, nil, fn); held {
 			if isDone(ctx.Done()) {
 				return ctx.Err()
 			}
@@ -511,7 +509,7 @@ func (q *QP) progress(ctx context.Context, fn func() bool, due bool) error {
 			if fn == nil {
 				return nil
 			}
-			due = true
+			q.fnDue.Store(true)
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -65,7 +65,6 @@ type rxState struct {
 	waitCQ   *CQ
 	waitFn   func() bool
 	fnOver   bool
-	fnDue    bool // waitFn is owed a call before any wait
 	waitFrom uint64
 
 	iov    [][]byte // what next returned
