@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,6 +14,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/wire"
 )
 
 // The store keeps values in fixed-size blocks, one file per block under
@@ -40,8 +40,6 @@ const (
 	hdrPending  = 1          // header flag: the piece is being written
 	pieceAlign  = 64
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // header is the self-verifying header of a piece: a reader checks that
 // it names the generation it was given and that the bytes match the CRC.
@@ -76,7 +74,7 @@ func parseHeader(b []byte) (header, bool) {
 func verifyPiece(hdr []byte, gen uint64, data []byte) bool {
 	h, ok := parseHeader(hdr)
 	return ok && h.Flags&hdrPending == 0 && h.Gen == gen && int(h.Len) == len(data) &&
-		crc32.Checksum(data, castagnoli) == h.CRC
+		crc32Of(data) == h.CRC
 }
 
 // extent is a piece of a value: block, offset of its header, length.
@@ -792,4 +790,6 @@ func (s *store) keys(prefix, after string, limit int) []string {
 	return ks
 }
 
-func crc32Of(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+// crc32Of is the CRC32c of a piece; wire's is twice hash/crc32's speed on
+// CPUs with VPCLMULQDQ.
+func crc32Of(b []byte) uint32 { return wire.CRC32c(b) }
