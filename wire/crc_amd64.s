@@ -2,6 +2,14 @@
 
 #include "textflag.h"
 
+// FOLD moves lane (or register of lanes) L on by the step whose pair of
+// multipliers K holds, onto ACC: ACC ^= L.hi*K.hi ^ L.lo*K.lo, lane by
+// lane. It clobbers L and T.
+#define FOLD(K, L, T, ACC) \
+	VPCLMULQDQ $0x11, K, L, T; \
+	VPCLMULQDQ $0x00, K, L, L; \
+	VPTERNLOGD $0x96, T, L, ACC
+
 // func foldCRC(s uint32, p []byte, k *[14]uint64) uint32
 //
 // The running value is 128-bit lanes, four to a 512-bit register. A step
@@ -34,18 +42,14 @@ four:
 	VMOVDQU64  64(SI), Z12
 	VMOVDQU64  128(SI), Z13
 	VMOVDQU64  192(SI), Z14
-	VPCLMULQDQ $0x11, Z0, Z1, Z5
-	VPCLMULQDQ $0x00, Z0, Z1, Z1
-	VPCLMULQDQ $0x11, Z0, Z2, Z6
-	VPCLMULQDQ $0x00, Z0, Z2, Z2
-	VPCLMULQDQ $0x11, Z0, Z3, Z7
-	VPCLMULQDQ $0x00, Z0, Z3, Z3
-	VPCLMULQDQ $0x11, Z0, Z4, Z8
-	VPCLMULQDQ $0x00, Z0, Z4, Z4
-	VPTERNLOGD $0x96, Z11, Z5, Z1 // Z1 ^= Z5 ^ Z11
-	VPTERNLOGD $0x96, Z12, Z6, Z2
-	VPTERNLOGD $0x96, Z13, Z7, Z3
-	VPTERNLOGD $0x96, Z14, Z8, Z4
+	FOLD(Z0, Z1, Z5, Z11)
+	FOLD(Z0, Z2, Z6, Z12)
+	FOLD(Z0, Z3, Z7, Z13)
+	FOLD(Z0, Z4, Z8, Z14)
+	VMOVDQA64  Z11, Z1
+	VMOVDQA64  Z12, Z2
+	VMOVDQA64  Z13, Z3
+	VMOVDQA64  Z14, Z4
 	ADDQ       $256, SI
 	SUBQ       $256, CX
 	CMPQ       CX, $256
@@ -53,17 +57,11 @@ four:
 
 	// The first three registers onto the fourth.
 	VBROADCASTI32X4 16(DX), Z0 // 1536 bits on
-	VPCLMULQDQ      $0x11, Z0, Z1, Z5
-	VPCLMULQDQ      $0x00, Z0, Z1, Z1
-	VPTERNLOGD      $0x96, Z5, Z1, Z4
+	FOLD(Z0, Z1, Z5, Z4)
 	VBROADCASTI32X4 32(DX), Z0 // 1024
-	VPCLMULQDQ      $0x11, Z0, Z2, Z5
-	VPCLMULQDQ      $0x00, Z0, Z2, Z2
-	VPTERNLOGD      $0x96, Z5, Z2, Z4
+	FOLD(Z0, Z2, Z5, Z4)
 	VBROADCASTI32X4 48(DX), Z0 // 512
-	VPCLMULQDQ      $0x11, Z0, Z3, Z5
-	VPCLMULQDQ      $0x00, Z0, Z3, Z3
-	VPTERNLOGD      $0x96, Z5, Z3, Z4
+	FOLD(Z0, Z3, Z5, Z4)
 	VMOVDQA64       Z4, Z1
 	JMP             sixtyfour
 
@@ -80,9 +78,8 @@ sixtyfour:
 
 step:
 	VMOVDQU64  (SI), Z11
-	VPCLMULQDQ $0x11, Z0, Z1, Z5
-	VPCLMULQDQ $0x00, Z0, Z1, Z1
-	VPTERNLOGD $0x96, Z11, Z5, Z1
+	FOLD(Z0, Z1, Z5, Z11)
+	VMOVDQA64  Z11, Z1
 	ADDQ       $64, SI
 	SUBQ       $64, CX
 	CMPQ       CX, $64
@@ -93,25 +90,18 @@ lanes:
 	VEXTRACTI32X4 $2, Z1, X3
 	VEXTRACTI32X4 $3, Z1, X4
 	VMOVDQU       64(DX), X5 // 384 bits on: lane 0
-	VPCLMULQDQ    $0x00, X5, X1, X6
-	VPCLMULQDQ    $0x11, X5, X1, X7
-	VPTERNLOGD    $0x96, X6, X7, X4
+	FOLD(X5, X1, X6, X4)
 	VMOVDQU       80(DX), X5 // 256: lane 1
-	VPCLMULQDQ    $0x00, X5, X2, X6
-	VPCLMULQDQ    $0x11, X5, X2, X7
-	VPTERNLOGD    $0x96, X6, X7, X4
+	FOLD(X5, X2, X6, X4)
 	VMOVDQU       96(DX), X5 // 128: lane 2, and the 16-byte steps
-	VPCLMULQDQ    $0x00, X5, X3, X6
-	VPCLMULQDQ    $0x11, X5, X3, X7
-	VPTERNLOGD    $0x96, X6, X7, X4
+	FOLD(X5, X3, X6, X4)
 
 sixteen:
 	CMPQ       CX, $16
 	JB         sum
 	VMOVDQU    (SI), X11
-	VPCLMULQDQ $0x00, X5, X4, X6
-	VPCLMULQDQ $0x11, X5, X4, X4
-	VPTERNLOGD $0x96, X11, X6, X4
+	FOLD(X5, X4, X6, X11)
+	VMOVDQA    X11, X4
 	ADDQ       $16, SI
 	SUBQ       $16, CX
 	JMP        sixteen

@@ -62,25 +62,7 @@ func reverse32(v uint32) (r uint32) {
 }
 
 func BenchmarkCRC32c(b *testing.B) {
-	for _, n := range []int{64, 256, 1428, 4096, 65536} {
-		p := make([]byte, n)
-		b.Run(strconv.Itoa(n), func(b *testing.B) {
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				UpdateCRC32c(0, p)
-			}
-		})
-		b.Run(strconv.Itoa(n)+"/hash-crc32", func(b *testing.B) {
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				crc32.Update(0, castagnoli, p)
-			}
-		})
-	}
-}
-
-func BenchmarkCRC32cSmall(b *testing.B) {
-	for _, n := range []int{64, 100, 128, 192} {
+	for _, n := range []int{64, 100, 256, 1428, 4096, 65536} {
 		p := make([]byte, n)
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			b.SetBytes(int64(n))
