@@ -304,7 +304,7 @@ func TestConnectConnBadStream(t *testing.T) {
 			}
 			defer qp.Close()
 			c := tc.conn(t)
-			ctx := context.Background()
+			ctx := boundedCtx(t)
 			if tc.timeout > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, tc.timeout)
@@ -333,7 +333,7 @@ func TestConnectConnNotIdle(t *testing.T) {
 	p := newPair(t, gowarp.ConnectOptions{})
 	c1, c2 := net.Pipe()
 	defer c2.Close()
-	err := p.a.ConnectConn(context.Background(), c1, gowarp.ConnectOptions{})
+	err := p.a.ConnectConn(boundedCtx(t), c1, gowarp.ConnectOptions{})
 	if !errors.Is(err, gowarp.ErrBadState) {
 		t.Fatalf("ConnectConn on a connected QP: %v", err)
 	}
@@ -355,7 +355,7 @@ func TestCloseDuringConnectConn(t *testing.T) {
 	go io.Copy(io.Discard, c2) // takes the request, answers nothing
 	defer c2.Close()
 	errc := make(chan error, 1)
-	go func() { errc <- qp.ConnectConn(context.Background(), c1, gowarp.ConnectOptions{}) }()
+	go func() { errc <- qp.ConnectConn(boundedCtx(t), c1, gowarp.ConnectOptions{}) }()
 	for qp.State() != gowarp.StateConnecting {
 		time.Sleep(time.Millisecond)
 	}

@@ -1,7 +1,6 @@
 package gowarp_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -92,7 +91,7 @@ func spin(i int) {
 func TestCloseDuringAccept(t *testing.T) {
 	base := runtime.NumGoroutine()
 	r := newCloseRig(t)
-	ctx := context.Background()
+	ctx := boundedCtx(t)
 	bad := 0
 	for i := range 200 {
 		cli, srv := r.qp(t), r.qp(t)
@@ -124,7 +123,7 @@ func TestCloseDuringAccept(t *testing.T) {
 func TestCloseDuringConnect(t *testing.T) {
 	base := runtime.NumGoroutine()
 	r := newCloseRig(t)
-	ctx := context.Background()
+	ctx := boundedCtx(t)
 	bad := 0
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -191,7 +190,7 @@ func TestCloseDuringConnect(t *testing.T) {
 func TestConnectAcceptAfterClose(t *testing.T) {
 	r := newCloseRig(t)
 	defer r.ln.Close()
-	ctx := context.Background()
+	ctx := boundedCtx(t)
 	qp := r.qp(t)
 	qp.Close()
 	if err := qp.Connect(ctx, r.ln.Addr().String(), gowarp.ConnectOptions{}); !errors.Is(err, gowarp.ErrClosed) || !errors.Is(err, gowarp.ErrBadState) {

@@ -122,10 +122,10 @@ func TestDetachUnderWrites(t *testing.T) {
 	var done, failed atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(1)
+	wctx := boundedCtx(t)
 	go func() {
 		defer wg.Done()
 		var wc [16]gowarp.Completion
-		ctx := context.Background()
 		inflight := 0
 		for k := 0; !stop.Load() || inflight > 0; {
 			for !stop.Load() && inflight < 8 {
@@ -143,7 +143,7 @@ func TestDetachUnderWrites(t *testing.T) {
 			}
 			m := p.acq.Poll(wc[:])
 			if m == 0 {
-				if err := p.acq.Wait(ctx); err != nil {
+				if err := p.acq.Wait(wctx); err != nil {
 					failed.Add(1)
 					return
 				}

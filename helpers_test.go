@@ -61,6 +61,16 @@ func newPairOn(t testing.TB, o gowarp.ConnectOptions, listenAddr string, inA, in
 	return p
 }
 
+// boundedCtx is a context for a test's waits that ends with the test or
+// after a minute, whichever comes first: a wake-up lost in the code under
+// test then fails the wait with a deadline rather than hanging the
+// package until go test's timeout.
+func boundedCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // closeBounded closes the queue pairs, failing the test with every
 // goroutine's stack if that takes over 30 s (Close waits for the queue
 // pair's goroutines), rather than hanging the package.
