@@ -349,7 +349,7 @@ func (r *clientRun) writeLat(ctx context.Context) (Result, error) {
 		}
 		return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
 	}
-	for i := 0; !o.done(i, start, t0); i++ {
+	for more := true; more; more = lap(o, &samples, start, &t0) {
 		if err := postRetry(ctx, r.qp, &wr); err != nil {
 			return Result{}, err
 		}
@@ -357,9 +357,6 @@ func (r *clientRun) writeLat(ctx context.Context) (Result, error) {
 		if err := waitPlaced(ctx, r.mr, want, r.qp); err != nil {
 			return Result{}, err
 		}
-		t1 := time.Now()
-		samples = append(samples, int64(t1.Sub(t0)))
-		t0 = t1
 	}
 	return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
 }
@@ -383,7 +380,7 @@ func (r *clientRun) readLat(ctx context.Context) (Result, error) {
 	samples := newSamples(o)
 	start := time.Now()
 	t0 := start
-	for i := 0; !o.done(i, start, t0); i++ {
+	for more := true; more; more = lap(o, &samples, start, &t0) {
 		if err := r.qp.PostSend(&wr); err != nil {
 			return Result{}, err
 		}
@@ -396,9 +393,6 @@ func (r *clientRun) readLat(ctx context.Context) (Result, error) {
 				return Result{}, r.completionErr(c, err)
 			}
 		}
-		t1 := time.Now()
-		samples = append(samples, int64(t1.Sub(t0)))
-		t0 = t1
 	}
 	return latencyResult(r.test, o.Size, samples, time.Since(start), false), nil
 }
@@ -457,7 +451,7 @@ func (r *clientRun) sendLat(ctx context.Context) (Result, error) {
 		}
 		return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
 	}
-	for i := 0; !o.done(i, start, t0); i++ {
+	for more := true; more; more = lap(o, &samples, start, &t0) {
 		if err := postRetry(ctx, r.qp, &send); err != nil {
 			return Result{}, err
 		}
@@ -479,9 +473,6 @@ func (r *clientRun) sendLat(ctx context.Context) (Result, error) {
 				}
 			}
 		}
-		t1 := time.Now()
-		samples = append(samples, int64(t1.Sub(t0)))
-		t0 = t1
 	}
 	return latencyResult(r.test, o.Size, samples, time.Since(start), true), nil
 }
