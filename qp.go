@@ -37,7 +37,10 @@ func (qp *QP) Disconnect(ctx context.Context) error { return qp.q.Disconnect(ctx
 // and waits for its goroutines to stop. If the queue pair is sending a
 // Terminate (it found an error in the peer's input), Close first lets the
 // Terminate reach the socket, so the peer learns why, waiting at most a
-// second for a peer that does not read.
+// second for a peer that does not read. While ProgressFunc's function
+// runs, Close, called from it or from any other goroutine, returns at
+// once without waiting (Go cannot tell the function's goroutine from
+// another), and ProgressFunc finishes the close before it returns.
 func (qp *QP) Close() error { return qp.q.Close() }
 
 // State returns the queue pair's state.
