@@ -205,12 +205,12 @@ func (cq *CQ) Len() int { return cq.cq.Len() }
 // It never blocks, and it receives nothing: the queue pair's receive
 // goroutine reads the peer's bytes meanwhile. To wait for a completion,
 // use Wait (or QP.Progress), which receive on the waiting goroutine. A
-// loop that spins on Poll must let that goroutine run: yielding with
-// runtime.Gosched alone kept it from the network for milliseconds at a
-// time (Go's scheduler serves its run queue before it polls the network;
-// gowarp perf -cq poll's Read round trips had a p99 of 4 ms in one
-// process and 11 ms across two), while sleeping a microsecond between
-// polls gave 71 µs and 196 µs.
+// loop that spins on Poll must let that goroutine run: spinning with
+// runtime.Gosched alone, gowarp perf -cq poll's Read round trips had a
+// p99 of 4 ms in one process and 11 ms across two, and sleeping a
+// microsecond between polls gave 71 µs and 196 µs. (Our reading, not
+// measured: Go's scheduler serves its run queue, where Gosched puts the
+// spinner, before it polls the network.)
 func (cq *CQ) Poll(out []Completion) int { return cq.cq.Poll(engCompletions(out)) }
 
 // Wait blocks until at least one completion is waiting or ctx is done.

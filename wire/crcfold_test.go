@@ -2,6 +2,7 @@ package wire
 
 import (
 	"hash/crc32"
+	"math/bits"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -48,17 +49,10 @@ func TestFoldConstants(t *testing.T) {
 		msg[0] = 1 // bit 0 of the first byte: the highest term, x^(8m-1)
 		// The raw CRC from a zero state is the message times x^32 mod P.
 		raw := ^crc32.Update(^uint32(0), castagnoli, msg)
-		if got, want := reverse32(raw), xPowMod(8*m+31); got != want {
+		if got, want := bits.Reverse32(raw), xPowMod(8*m+31); got != want {
 			t.Errorf("x^%d mod P: CRC says %#08x, xPowMod %#08x", 8*m+31, got, want)
 		}
 	}
-}
-
-func reverse32(v uint32) (r uint32) {
-	for i := range 32 {
-		r |= (v >> i & 1) << (31 - i)
-	}
-	return r
 }
 
 func BenchmarkCRC32c(b *testing.B) {

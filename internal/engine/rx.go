@@ -392,10 +392,10 @@ func (q *QP) failAborted(fallback error) bool {
 // It is how a goroutine waiting for this QP receives with no hand-off from
 // the receive goroutine: the latency of a plain TCP reader. It reports
 // held false, having asked the receive goroutine to yield, when that
-// goroutine holds the path; the caller then waits on rxFree. The read blocks in the netpoller with
-// no deadline; the doorbell (ring) wakes it for a completion from
-// elsewhere, or for ctx being done (see watchCtx), so a wait costs no
-// clock reading, deadline or allocation.
+// goroutine holds the path; the caller then waits on rxFree. The read
+// blocks in the netpoller with no deadline; the doorbell (ring) wakes it
+// for a completion from elsewhere, or for ctx being done (see watchCtx),
+// so a wait costs no clock reading, deadline or allocation.
 func (q *QP) receiveInline(ctx context.Context, cq *CQ, fn func() bool) (held, over bool) {
 	if s := q.State(); s != StateReady && s != StateClosing {
 		return false, false
