@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/wire"
 )
 
 // ServerOptions configure a server. Zero values mean the defaults.
@@ -548,7 +549,7 @@ func (c *srvConn) handle(in, out *Msg) error {
 			piece := data[:e.n]
 			data = data[e.n:]
 			crc := crc32Of(piece)
-			r.sum = crc32Combine(r.sum, crc, int64(e.n))
+			r.sum = wire.CombineCRC32c(r.sum, crc, int64(e.n))
 			if err = st.writePiece(e, gen, i, piece, crc); err != nil {
 				break
 			}
@@ -721,7 +722,7 @@ func (st *store) pieceCRCs(r *record, dst []uint32) []uint32 {
 func (st *store) sealPieces(r *record, crcs []uint32) error {
 	r.sum, r.hasSum = 0, true
 	for i, e := range r.ext {
-		r.sum = crc32Combine(r.sum, crcs[i], int64(e.n))
+		r.sum = wire.CombineCRC32c(r.sum, crcs[i], int64(e.n))
 		if err := st.writeHeader(e, header{Gen: r.gen, Len: e.n, CRC: crcs[i], Piece: uint16(i)}); err != nil {
 			return err
 		}

@@ -1,9 +1,6 @@
 package wire
 
-import (
-	"hash/crc32"
-	"math/bits"
-)
+import "hash/crc32"
 
 // castagnoli is the CRC32c table. hash/crc32 uses the SSE4.2/ARMv8 CRC
 // instructions for this polynomial where the CPU has them.
@@ -59,20 +56,60 @@ var foldK = func() (k [14]uint64) {
 // E-F, is congruent to the lane modulo P: it contributes to the CRC as
 // the lane did.
 func foldPair(f int) (lo, hi uint64) {
-	return uint64(bits.Reverse32(xPowMod(f+63))) << 32, uint64(bits.Reverse32(xPowMod(f-1))) << 32
+	return uint64(xPowMod(uint64(f+63), 0)) << 32, uint64(xPowMod(uint64(f-1), 0)) << 32
 }
 
-// xPowMod returns x^n mod P for the CRC32c polynomial P, in the normal
-// (not reflected) order: bit d is the coefficient of x^d.
-func xPowMod(n int) uint32 {
-	const p = 0x1edc6f41 // x^32 is implicit
-	r := uint32(1)
-	for range n {
-		carry := r&(1<<31) != 0
-		r <<= 1
-		if carry {
-			r ^= p
+// CombineCRC32c returns the CRC32c of a‖b from crcA = CRC32c(a), crcB =
+// CRC32c(b) and len(b), without the bytes (zlib's crc32_combine, for the
+// Castagnoli polynomial): a value held in pieces gets its whole sum from
+// the pieces' sums rather than a second pass over its bytes. From crcA 0,
+// the CRC of nothing, it gives crcB. hash/crc32 has no combine.
+func CombineCRC32c(crcA, crcB uint32, lenB int64) uint32 {
+	return mulMod(xPowMod(uint64(max(lenB, 0)), 3), crcA) ^ crcB
+}
+
+// castagnoliRev is the Castagnoli polynomial, bit-reversed.
+const castagnoliRev = 0x82f63b78
+
+// mulMod is a(x)·b(x) modulo P, in reflected bit order (bit 31 holds
+// x^0), as a CRC's register holds its value.
+func mulMod(a, b uint32) uint32 {
+	var p uint32
+	for m := uint32(1) << 31; m != 0; m >>= 1 {
+		if a&m != 0 {
+			p ^= b
+			if a&(m-1) == 0 {
+				break
+			}
+		}
+		if b&1 != 0 {
+			b = b>>1 ^ castagnoliRev
+		} else {
+			b >>= 1
 		}
 	}
-	return r
+	return p
+}
+
+// xPow2k[k] is x^(2^k) mod P, reflected, for k up to 66: exponents of
+// 2^64 bytes.
+var xPow2k = func() (t [67]uint32) {
+	t[0] = 1 << 30 // x^1
+	for k := 1; k < len(t); k++ {
+		t[k] = mulMod(t[k-1], t[k-1])
+	}
+	return
+}()
+
+// xPowMod returns x^(n·2^shift) mod P, reflected: shift 0 for n bits,
+// 3 for n bytes (what appending n zero bytes multiplies a CRC's register
+// by).
+func xPowMod(n uint64, shift int) uint32 {
+	p := uint32(1) << 31 // x^0
+	for k := shift; n > 0; n, k = n>>1, k+1 {
+		if n&1 != 0 {
+			p = mulMod(xPow2k[k], p)
+		}
+	}
+	return p
 }

@@ -2,7 +2,6 @@ package wire
 
 import (
 	"hash/crc32"
-	"math/bits"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -42,16 +41,46 @@ func TestUpdateCRC32cFolds(t *testing.T) {
 
 // TestFoldConstants checks xPowMod against the polynomial's definition
 // through the CRC itself: the raw CRC of a 1 followed by n-32 zero bits is
-// x^n mod P, reflected.
+// x^n mod P, reflected (as xPowMod gives it).
 func TestFoldConstants(t *testing.T) {
 	for _, m := range []int{1, 2, 5, 16, 61, 68} {
 		msg := make([]byte, m)
 		msg[0] = 1 // bit 0 of the first byte: the highest term, x^(8m-1)
 		// The raw CRC from a zero state is the message times x^32 mod P.
 		raw := ^crc32.Update(^uint32(0), castagnoli, msg)
-		if got, want := bits.Reverse32(raw), xPowMod(8*m+31); got != want {
+		if got, want := raw, xPowMod(uint64(8*m+31), 0); got != want {
 			t.Errorf("x^%d mod P: CRC says %#08x, xPowMod %#08x", 8*m+31, got, want)
 		}
+	}
+}
+
+// TestCombineCRC32c: the combined CRC of two parts is the CRC of the
+// whole, for empty parts, short ones and long ones, split anywhere.
+func TestCombineCRC32c(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	buf := make([]byte, 1<<20+7)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	for _, n := range []int{0, 1, 2, 3, 7, 8, 64, 4095, 4096, 65537, 1<<20 + 7} {
+		want := crc32.Checksum(buf[:n], castagnoli)
+		splits := []int{0, n / 3, n / 2, n}
+		for range 4 {
+			splits = append(splits, r.IntN(n+1))
+		}
+		for _, k := range splits {
+			a, b := buf[:k], buf[k:n]
+			if got := CombineCRC32c(CRC32c(a), CRC32c(b), int64(len(b))); got != want {
+				t.Errorf("%d bytes split at %d: combined %#x, whole %#x", n, k, got, want)
+			}
+		}
+	}
+	// Lengths past what the test can sum: moving a CRC on by 2^40 bytes
+	// is moving it by 2^39 twice.
+	const big = int64(1) << 40
+	c := CRC32c(buf[:100])
+	if got, want := CombineCRC32c(c, 0, big), CombineCRC32c(CombineCRC32c(c, 0, big/2), 0, big/2); got != want {
+		t.Errorf("moved by 2^40 bytes: %#x, by 2^39 twice %#x", got, want)
 	}
 }
 
