@@ -97,20 +97,6 @@ func acceptLoop(t testing.TB, pd *gowarp.PD, cq *gowarp.CQ, ln *gowarp.Listener)
 	return qps
 }
 
-// nextQP takes the next queue pair acceptLoop accepted, failing the test
-// if none comes within 10 s (the loop's Accept failed after the client's
-// Connect succeeded, say) rather than hanging it.
-func nextQP(t testing.TB, qps <-chan *gowarp.QP) *gowarp.QP {
-	t.Helper()
-	select {
-	case qp := <-qps:
-		return qp
-	case <-time.After(10 * time.Second):
-		t.Fatal("no queue pair accepted in 10 s")
-		return nil
-	}
-}
-
 // TestAdapterPlacement: across two namespaces joined by two links, a
 // queue pair to a peer address is placed on the adapter whose topology row
 // reaches it most directly, dials from that adapter's address, and both

@@ -180,15 +180,23 @@ func newServer(t testing.TB, o gowarp.ConnectOptions) *server {
 	return s
 }
 
-func (s *server) accepted(t testing.TB) *gowarp.QP {
+// nextQP takes the next queue pair acceptLoop accepted, failing the test
+// if none comes within 10 s (the loop's Accept failed after the client's
+// Connect succeeded, say) rather than hanging it.
+func nextQP(t testing.TB, qps <-chan *gowarp.QP) *gowarp.QP {
 	t.Helper()
 	select {
-	case qp := <-s.qps:
+	case qp := <-qps:
 		return qp
-	case <-time.After(5 * time.Second):
-		t.Fatal("no connection accepted")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no queue pair accepted in 10 s")
+		return nil
 	}
-	return nil
+}
+
+func (s *server) accepted(t testing.TB) *gowarp.QP {
+	t.Helper()
+	return nextQP(t, s.qps)
 }
 
 func waitState(t testing.TB, qp *gowarp.QP, want gowarp.State) {
