@@ -50,6 +50,24 @@ func (qp *QP) State() State { return State(qp.q.State()) }
 // ready, ErrCQOverrun if it lost a completion to a full queue, or nil.
 func (qp *QP) Err() error { return qp.q.Err() }
 
+// Done returns a channel that is closed when the queue pair enters the
+// error state, for whatever reason: it found an error in the peer's input,
+// the peer closed, terminated or went unheard, the connection failed, or
+// the application called Close or Disconnect. Err then says why.
+//
+// Work outstanding then completes as flushed, which wakes CQ.Wait; but a
+// queue pair with none, as on the side that only exposes memory to its
+// peer's one-sided Reads and Writes, completes nothing, and Done is how
+// its goroutine learns that the connection ended:
+//
+//	select {
+//	case <-qp.Done():
+//		log.Print("peer gone: ", qp.Err())
+//	case <-ctx.Done():
+//	}
+//	qp.Close()
+func (qp *QP) Done() <-chan struct{} { return qp.q.Failed() }
+
 // Params returns what connection setup settled.
 func (qp *QP) Params() Params {
 	p := qp.q.Params()

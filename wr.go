@@ -214,7 +214,10 @@ func (cq *CQ) Len() int { return cq.cq.Len() }
 func (cq *CQ) Poll(out []Completion) int { return cq.cq.Poll(engCompletions(out)) }
 
 // Wait blocks until at least one completion is waiting or ctx is done.
-// It returns ErrCQOverrun once the queue has overrun.
+// It returns ErrCQOverrun once the queue has overrun. A queue pair that
+// fails completes its outstanding work as flushed, which ends the wait;
+// one with no work outstanding completes nothing, and Wait goes on
+// waiting: watch QP.Done (or Device.Events) for that.
 //
 // When the queue serves a single queue pair, the waiting goroutine
 // receives on that queue pair's connection itself, as a TCP reader would:

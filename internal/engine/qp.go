@@ -363,6 +363,10 @@ func (q *QP) Err() error {
 	return q.err
 }
 
+// Failed returns a channel closed when the queue pair enters the error
+// state (failTerm), Err set by then.
+func (q *QP) Failed() <-chan struct{} { return q.failed }
+
 // Params returns the negotiated connection parameters.
 func (q *QP) Params() Params { return q.params }
 
