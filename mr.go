@@ -63,7 +63,8 @@ func (mr *MR) Reads() uint64 { return mr.r.Reads() }
 // write. It returns nil once the bytes are in memory, ctx.Err() when ctx
 // ends first and ErrRegionInvalid when the region is deregistered or
 // invalidated meanwhile. A wait that cannot return at once costs one
-// small allocation.
+// small allocation. A region belongs to no one queue pair, so a peer that
+// goes does not end the wait: cancel ctx when QP.Done closes for that.
 func (mr *MR) WaitPlaced(ctx context.Context, n uint64) error { return mr.r.WaitPlaced(ctx, n) }
 
 // Deregister removes the region: it fails with ErrRegionBusy while work
