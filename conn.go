@@ -332,6 +332,9 @@ func ReadConnRequest(ctx context.Context, c net.Conn) (*ConnRequest, error) {
 }
 
 // ConnRequest is an incoming connection waiting to be accepted or rejected.
+// Answer every one: a request dropped unanswered holds its connection open
+// until the garbage collector finds it, and the peer's Connect waits for
+// its reply until its context ends.
 type ConnRequest struct {
 	r  *cm.Request
 	ln *Listener // nil for ReadConnRequest's
