@@ -1163,7 +1163,15 @@ func (s *Session) failLocked(err error) {
 		return
 	}
 	s.err = err
-	s.log.Warn("gowarp session failed", "id", s.id, "err", err)
+	switch {
+	case errors.Is(err, ErrSessionClosed):
+		// The application's own Close: nothing went wrong.
+		s.log.Debug("gowarp session closed", "id", s.id)
+	case errors.Is(err, ErrSessionMoved):
+		s.log.Info("gowarp session moved", "id", s.id, "err", err)
+	default:
+		s.log.Warn("gowarp session failed", "id", s.id, "err", err)
+	}
 	for ; s.head < s.tail; s.head++ {
 		e := &s.ring[s.head%uint64(len(s.ring))]
 		s.push(SessionCompletion{ID: e.wr.ID, Op: compOp(e.wr.Op), Err: err})

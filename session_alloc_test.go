@@ -12,6 +12,18 @@ import (
 // loopSession is a session of two paths over loopback, one device.
 func loopSession(t testing.TB, cfg gowarp.SessionConfig) (cli, srv *gowarp.Session, pd *gowarp.PD) {
 	t.Helper()
+	return loopSessionWith(t, cfg, cfg)
+}
+
+// loopSessionCfg is loopSession with each side's own configuration.
+func loopSessionCfg(t testing.TB, cliCfg, srvCfg gowarp.SessionConfig) (cli, srv *gowarp.Session) {
+	t.Helper()
+	cli, srv, _ = loopSessionWith(t, cliCfg, srvCfg)
+	return cli, srv
+}
+
+func loopSessionWith(t testing.TB, cfg, srvCfg gowarp.SessionConfig) (cli, srv *gowarp.Session, pd *gowarp.PD) {
+	t.Helper()
 	dev := gowarp.Open()
 	pd = dev.AllocPD()
 	var lns []*gowarp.Listener
@@ -24,7 +36,7 @@ func loopSession(t testing.TB, cfg gowarp.SessionConfig) (cli, srv *gowarp.Sessi
 		lns = append(lns, ln)
 		paths = append(paths, ln.Addr().String())
 	}
-	sl := pd.ListenSession(cfg, lns...)
+	sl := pd.ListenSession(srvCfg, lns...)
 	t.Cleanup(func() { sl.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
