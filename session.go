@@ -19,7 +19,8 @@ import (
 
 // Session errors.
 var (
-	// ErrSessionClosed: the session was closed (Session.Close).
+	// ErrSessionClosed: the session was closed, by this side's
+	// Session.Close or by the peer's (the error then says so).
 	ErrSessionClosed = errors.New("gowarp: session closed")
 	// ErrSessionTimeout: work could not be delivered within the session's
 	// Deadline (no connection to the peer could carry it, or the peer
@@ -142,13 +143,18 @@ const (
 	idMask      = 1<<idKindShift - 1
 )
 
-// Control slots of a connection: acks in turn, then one ping, one pong.
+// Control slots of a connection: acks in turn, then one ping, one pong,
+// and the Close sent as the session closes.
 const (
-	ackSlots = 4
-	pingSlot = ackSlots
-	pongSlot = ackSlots + 1
-	ctlSlots = ackSlots + 2
+	ackSlots  = 4
+	pingSlot  = ackSlots
+	pongSlot  = ackSlots + 1
+	closeSlot = ackSlots + 2
+	ctlSlots  = ackSlots + 3
 )
+
+// errPeerClosed ends a session whose peer closed it.
+var errPeerClosed = fmt.Errorf("%w by the peer", ErrSessionClosed)
 
 // Session is a reliable, ordered channel to one peer over several
 // connections (paths, one per link or adapter) that survives the loss of
@@ -692,6 +698,13 @@ func (s *Session) received(c *sconn, slot int, wc *Completion) {
 		if h.Seq == c.pingSeq {
 			c.pingOut = false
 		}
+	case failover.Close:
+		// The peer closed the session: what came before the Close on
+		// this connection is taken; hand what receives are posted for,
+		// then end, rather than fail over to a peer that is gone.
+		s.deliver()
+		s.failLocked(errPeerClosed)
+		return
 	}
 	s.repost(c, slot)
 }
@@ -1164,6 +1177,8 @@ func (s *Session) failLocked(err error) {
 	}
 	s.err = err
 	switch {
+	case err == errPeerClosed:
+		s.log.Info("gowarp session closed by the peer", "id", s.id)
 	case errors.Is(err, ErrSessionClosed):
 		// The application's own Close: nothing went wrong.
 		s.log.Debug("gowarp session closed", "id", s.id)
@@ -1193,11 +1208,20 @@ func (s *Session) failLocked(err error) {
 }
 
 // Close ends the session: outstanding work completes with
-// ErrSessionClosed, every connection closes, and the peer's session
-// fails over, then times out. It waits for the session's goroutines.
+// ErrSessionClosed and every connection closes. The peer is told on each
+// connection up, and its session ends too, with ErrSessionClosed. If
+// that message is lost with its connection, the peer's session fails
+// over: the dialing side's rejoin is refused (ErrSessionLost), the
+// listening side's times out (ErrSessionTimeout). It waits for the
+// session's goroutines.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.err == nil {
+		for _, c := range s.byQP {
+			if !c.dead && !c.ctlBusy[closeSlot] {
+				s.ctl(c, closeSlot, failover.Close, 0)
+			}
+		}
 		s.failLocked(ErrSessionClosed)
 	}
 	s.mu.Unlock()

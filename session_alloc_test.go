@@ -3,6 +3,9 @@ package gowarp_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,13 +16,6 @@ import (
 func loopSession(t testing.TB, cfg gowarp.SessionConfig) (cli, srv *gowarp.Session, pd *gowarp.PD) {
 	t.Helper()
 	return loopSessionWith(t, cfg, cfg)
-}
-
-// loopSessionCfg is loopSession with each side's own configuration.
-func loopSessionCfg(t testing.TB, cliCfg, srvCfg gowarp.SessionConfig) (cli, srv *gowarp.Session) {
-	t.Helper()
-	cli, srv, _ = loopSessionWith(t, cliCfg, srvCfg)
-	return cli, srv
 }
 
 func loopSessionWith(t testing.TB, cfg, srvCfg gowarp.SessionConfig) (cli, srv *gowarp.Session, pd *gowarp.PD) {
@@ -100,27 +96,133 @@ func TestFailoverHotPathAllocs(t *testing.T) {
 	}
 }
 
-// TestFailoverPeerGone: when the peer closes its session, the paths
-// dialed again are refused (the peer knows the session no more), and the
-// session fails with ErrSessionLost: its work completes with it, at once,
-// not at the deadline.
+// TestFailoverPeerGone: when the peer closes its session, this side's
+// ends at once with ErrSessionClosed, told so (closed); when the peer's
+// Close cannot reach it (lost: the connections were cut first, as when
+// the peer's host restarts), the paths dialed again are refused, the peer
+// knowing the session no more, and the session fails with ErrSessionLost.
+// Either way its work completes with that error at once, not at the
+// deadline.
 func TestFailoverPeerGone(t *testing.T) {
-	cli, srv, pd := loopSession(t, gowarp.SessionConfig{Deadline: time.Minute})
-	src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
-	srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for cli.Err() == nil && ctx.Err() == nil {
-		_ = cli.PostSend(&gowarp.SendWR{ID: 7, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}})
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := cli.Err(); !errors.Is(err, gowarp.ErrSessionLost) {
-		t.Fatalf("session after its peer closed: %v, want ErrSessionLost", err)
-	}
-	var wc [256]gowarp.SessionCompletion
-	for _, c := range wc[:cli.Poll(wc[:])] {
-		if c.Err != nil && !errors.Is(c.Err, gowarp.ErrSessionLost) {
-			t.Errorf("completion %d: %v, want success or ErrSessionLost", c.ID, c.Err)
+	check := func(t *testing.T, cli *gowarp.Session, src *gowarp.MR, want error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for cli.Err() == nil && ctx.Err() == nil {
+			_ = cli.PostSend(&gowarp.SendWR{ID: 7, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}})
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := cli.Err(); !errors.Is(err, want) {
+			t.Fatalf("session after its peer closed: %v, want %v", err, want)
+		}
+		var wc [256]gowarp.SessionCompletion
+		for _, c := range wc[:cli.Poll(wc[:])] {
+			if c.Err != nil && !errors.Is(c.Err, want) {
+				t.Errorf("completion %d: %v, want success or %v", c.ID, c.Err, want)
+			}
 		}
 	}
+	t.Run("closed", func(t *testing.T) {
+		cli, srv, pd := loopSession(t, gowarp.SessionConfig{Deadline: time.Minute})
+		src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
+		srv.Close()
+		check(t, cli, src, gowarp.ErrSessionClosed)
+	})
+	t.Run("lost", func(t *testing.T) {
+		dev := gowarp.Open()
+		pd := dev.AllocPD()
+		cfg := gowarp.SessionConfig{Deadline: time.Minute}
+		var lns []*gowarp.Listener
+		var paths []string
+		var proxies []*cutProxy
+		for range 2 {
+			ln, err := dev.Listen("127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lns = append(lns, ln)
+			p := newCutProxy(t, ln.Addr().String())
+			proxies = append(proxies, p)
+			paths = append(paths, p.addr)
+		}
+		sl := pd.ListenSession(cfg, lns...)
+		t.Cleanup(func() { sl.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cli, err := pd.DialSession(ctx, paths, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		srv, err := sl.Accept(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
+		for _, p := range proxies {
+			p.cut(false) // the connections go, and none comes through
+		}
+		srv.Close() // its Close reaches no one
+		for _, p := range proxies {
+			p.cut(true)
+		}
+		check(t, cli, src, gowarp.ErrSessionLost)
+	})
+}
+
+// cutProxy relays TCP connections to a backend until cut: cut resets
+// every connection relayed, and, with open false, refuses new ones until
+// cut is called again with open true.
+type cutProxy struct {
+	addr  string
+	mu    sync.Mutex
+	open  bool
+	conns []net.Conn
+}
+
+func newCutProxy(t testing.TB, backend string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	p := &cutProxy{addr: ln.Addr().String(), open: true}
+	t.Cleanup(func() { p.cut(false) })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if !p.open {
+				p.mu.Unlock()
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+				continue
+			}
+			b, err := net.Dial("tcp", backend)
+			if err != nil {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			p.conns = append(p.conns, c, b)
+			p.mu.Unlock()
+			go func() { io.Copy(b, c); b.Close() }()
+			go func() { io.Copy(c, b); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) cut(open bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}
+	p.conns, p.open = nil, open
 }

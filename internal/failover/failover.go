@@ -9,11 +9,11 @@
 //
 //	0  magic 0x6746 ("gF")
 //	2  version (1)
-//	3  kind: Data, Ack, Ping, Pong
+//	3  kind: Data, Ack, Ping, Pong, Close
 //	4  session tag: the low 32 bits of the session's id
 //	8  sequence: a Data message's number in its direction (from 1);
 //	   an Ack's cumulative count (every message up to it delivered);
-//	   a Ping's number, which its Pong returns
+//	   a Ping's number, which its Pong returns; 0 in a Close
 //
 // Hello (the handshake), 24 bytes, big-endian:
 //
@@ -52,10 +52,11 @@ type Kind uint8
 
 // Message kinds.
 const (
-	Data Kind = iota + 1 // an application's Send
-	Ack                  // cumulative acknowledgement of the peer's messages
-	Ping                 // liveness probe of one connection
-	Pong                 // its answer
+	Data  Kind = iota + 1 // an application's Send
+	Ack                   // cumulative acknowledgement of the peer's messages
+	Ping                  // liveness probe of one connection
+	Pong                  // its answer
+	Close                 // the sender closed the session (Session.Close)
 )
 
 func (k Kind) String() string {
@@ -68,6 +69,8 @@ func (k Kind) String() string {
 		return "ping"
 	case Pong:
 		return "pong"
+	case Close:
+		return "close"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -112,7 +115,7 @@ func ParseHeader(b []byte) (Header, int, error) {
 		return Header{}, 0, ErrVersion
 	}
 	h := Header{Kind: Kind(b[3]), Session: binary.BigEndian.Uint32(b[4:]), Seq: binary.BigEndian.Uint64(b[8:])}
-	if h.Kind < Data || h.Kind > Pong {
+	if h.Kind < Data || h.Kind > Close {
 		return Header{}, 0, ErrKind
 	}
 	return h, HeaderLen, nil

@@ -9,7 +9,7 @@ import (
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
-	for _, h := range []Header{{Kind: Data, Session: 1, Seq: 1}, {Kind: Ack, Session: 0xffffffff, Seq: 1<<64 - 1}, {Kind: Ping}, {Kind: Pong, Seq: 7}} {
+	for _, h := range []Header{{Kind: Data, Session: 1, Seq: 1}, {Kind: Ack, Session: 0xffffffff, Seq: 1<<64 - 1}, {Kind: Ping}, {Kind: Pong, Seq: 7}, {Kind: Close, Session: 5}} {
 		b := h.Append(nil)
 		if len(b) != HeaderLen {
 			t.Fatalf("%+v: %d bytes, want %d", h, len(b), HeaderLen)
@@ -38,7 +38,7 @@ func TestHeaderBad(t *testing.T) {
 		{"magic", func(b []byte) []byte { b[0] ^= 1; return b }, ErrMagic},
 		{"version", func(b []byte) []byte { b[2] = 2; return b }, ErrVersion},
 		{"kind 0", func(b []byte) []byte { b[3] = 0; return b }, ErrKind},
-		{"kind 5", func(b []byte) []byte { b[3] = 5; return b }, ErrKind},
+		{"kind 6", func(b []byte) []byte { b[3] = 6; return b }, ErrKind},
 	} {
 		if _, _, err := ParseHeader(tc.mod(bytes.Clone(good))); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
@@ -93,7 +93,7 @@ func TestHeaderParseAllocs(t *testing.T) {
 // FuzzHeader: any bytes parse or fail without panicking, and what parses
 // encodes back to the bytes it came from.
 func FuzzHeader(f *testing.F) {
-	for _, h := range []Header{{Kind: Data, Session: 1, Seq: 1}, {Kind: Ack, Seq: 99}, {Kind: Ping, Seq: 3}, {Kind: Pong, Session: 0xdeadbeef, Seq: 3}} {
+	for _, h := range []Header{{Kind: Data, Session: 1, Seq: 1}, {Kind: Ack, Seq: 99}, {Kind: Ping, Seq: 3}, {Kind: Pong, Session: 0xdeadbeef, Seq: 3}, {Kind: Close, Session: 9}} {
 		f.Add(h.Append(nil))
 	}
 	f.Add([]byte{0x67, 0x46, 1})
