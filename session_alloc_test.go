@@ -18,7 +18,15 @@ func loopSession(t testing.TB, cfg gowarp.SessionConfig) (cli, srv *gowarp.Sessi
 	return loopSessionWith(t, cfg, cfg)
 }
 
+// loopSessionWith is loopSession with each side's own configuration.
 func loopSessionWith(t testing.TB, cfg, srvCfg gowarp.SessionConfig) (cli, srv *gowarp.Session, pd *gowarp.PD) {
+	t.Helper()
+	return loopSessionVia(t, cfg, srvCfg, nil)
+}
+
+// loopSessionVia is loopSessionWith with the client dialing via(addr)
+// for each listener's address (a proxy's, say), if via is not nil.
+func loopSessionVia(t testing.TB, cfg, srvCfg gowarp.SessionConfig, via func(string) string) (cli, srv *gowarp.Session, pd *gowarp.PD) {
 	t.Helper()
 	dev := gowarp.Open()
 	pd = dev.AllocPD()
@@ -30,7 +38,11 @@ func loopSessionWith(t testing.TB, cfg, srvCfg gowarp.SessionConfig) (cli, srv *
 			t.Fatal(err)
 		}
 		lns = append(lns, ln)
-		paths = append(paths, ln.Addr().String())
+		addr := ln.Addr().String()
+		if via != nil {
+			addr = via(addr)
+		}
+		paths = append(paths, addr)
 	}
 	sl := pd.ListenSession(srvCfg, lns...)
 	t.Cleanup(func() { sl.Close() })
@@ -129,35 +141,13 @@ func TestFailoverPeerGone(t *testing.T) {
 		check(t, cli, src, gowarp.ErrSessionClosed)
 	})
 	t.Run("lost", func(t *testing.T) {
-		dev := gowarp.Open()
-		pd := dev.AllocPD()
-		cfg := gowarp.SessionConfig{Deadline: time.Minute}
-		var lns []*gowarp.Listener
-		var paths []string
 		var proxies []*cutProxy
-		for range 2 {
-			ln, err := dev.Listen("127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			lns = append(lns, ln)
-			p := newCutProxy(t, ln.Addr().String())
+		cfg := gowarp.SessionConfig{Deadline: time.Minute}
+		cli, srv, pd := loopSessionVia(t, cfg, cfg, func(addr string) string {
+			p := newCutProxy(t, addr)
 			proxies = append(proxies, p)
-			paths = append(paths, p.addr)
-		}
-		sl := pd.ListenSession(cfg, lns...)
-		t.Cleanup(func() { sl.Close() })
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		cli, err := pd.DialSession(ctx, paths, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cli.Close() })
-		srv, err := sl.Accept(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+			return p.addr
+		})
 		src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
 		for _, p := range proxies {
 			p.cut(false) // the connections go, and none comes through
