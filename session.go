@@ -500,6 +500,11 @@ func (s *Session) redial(p int) {
 			}
 			var rej *RejectedError
 			switch {
+			case errors.As(err, &rej) && string(rej.PrivateData) == closedReject:
+				// The peer closed the session; its Close did not reach
+				// this side before the connection's end.
+				s.fail(errPeerClosed)
+				return
 			case errors.As(err, &rej):
 				addrs, _, perr := failover.ParseRedirect(rej.PrivateData)
 				switch {
@@ -597,6 +602,9 @@ func (s *Session) run() {
 			s.mu.Unlock()
 		case <-tick.C:
 			s.mu.Lock()
+			// What came first, first: a probe sent on a connection that
+			// has ended closes it, and with it a peer's Close not yet taken.
+			s.progress()
 			s.heartbeat()
 			s.progress()
 			s.mu.Unlock()
@@ -1209,11 +1217,11 @@ func (s *Session) failLocked(err error) {
 
 // Close ends the session: outstanding work completes with
 // ErrSessionClosed and every connection closes. The peer is told on each
-// connection up, and its session ends too, with ErrSessionClosed. If
-// that message is lost with its connection, the peer's session fails
-// over: the dialing side's rejoin is refused (ErrSessionLost), the
-// listening side's times out (ErrSessionTimeout). It waits for the
-// session's goroutines.
+// connection up, and its session ends too, with ErrSessionClosed (a
+// listening side that closed a session also refuses the dialer's rejoin
+// saying so, should the connection's end overtake the message); a
+// listening peer that missed the message times out (ErrSessionTimeout).
+// It waits for the session's goroutines.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.err == nil {
@@ -1249,7 +1257,11 @@ type SessionListener struct {
 	sessions map[uint64]*Session
 	// moved are the sessions exported (Export), each with the redirect
 	// that a connection rejoining it is rejected with.
-	moved     map[uint64][]byte
+	moved map[uint64][]byte
+	// closed are the sessions this side's application closed, and when:
+	// a rejoin is told so (closedReject), not that the session is
+	// unknown, in case the Close it was sent did not reach the peer.
+	closed    map[uint64]time.Time
 	exporting bool // Export is under way: no new session
 	accepted  chan *Session
 	ctx       context.Context
@@ -1272,7 +1284,7 @@ func (pd *PD) ListenSession(cfg SessionConfig, lns ...*Listener) *SessionListene
 
 func (pd *PD) newSessionListener(cfg SessionConfig, backlog int) *SessionListener {
 	cfg.defaults(pd.dev)
-	l := &SessionListener{pd: pd, cfg: cfg, sessions: map[uint64]*Session{}, moved: map[uint64][]byte{}, accepted: make(chan *Session, backlog)}
+	l := &SessionListener{pd: pd, cfg: cfg, sessions: map[uint64]*Session{}, moved: map[uint64][]byte{}, closed: map[uint64]time.Time{}, accepted: make(chan *Session, backlog)}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l
 }
@@ -1304,9 +1316,33 @@ func (l *SessionListener) adopt(s *Session) {
 		if l.sessions[s.id] == s {
 			delete(l.sessions, s.id)
 		}
+		if closedHere(s.Err()) {
+			l.noteClosed(s.id)
+		}
 		l.mu.Unlock()
 	}
 	l.sessions[s.id] = s
+}
+
+// closedReject is what a rejoin of a session this side closed is
+// rejected with.
+const closedReject = "session closed"
+
+// closedHere reports whether err ended a session by its own side's Close.
+func closedHere(err error) bool { return errors.Is(err, ErrSessionClosed) && err != errPeerClosed }
+
+// noteClosed remembers session id as closed here, for as long as its
+// peer may try to rejoin it (its deadline, at most: a minute), and forgets
+// those closed longer ago. l.mu is held.
+func (l *SessionListener) noteClosed(id uint64) {
+	now := time.Now()
+	keep := time.Minute + 2*l.cfg.Deadline
+	for k, at := range l.closed {
+		if now.Sub(at) > keep {
+			delete(l.closed, k)
+		}
+	}
+	l.closed[id] = now
 }
 
 func (l *SessionListener) join(req *ConnRequest) {
@@ -1328,10 +1364,18 @@ func (l *SessionListener) join(req *ConnRequest) {
 	s := l.sessions[h.Session]
 	isNew := false
 	if s != nil && s.Err() != nil {
+		if closedHere(s.Err()) {
+			l.noteClosed(s.id)
+		}
 		delete(l.sessions, h.Session)
 		s = nil
 	}
 	if s == nil {
+		if _, ok := l.closed[h.Session]; ok && h.Flags&failover.Rejoin != 0 {
+			l.mu.Unlock()
+			_ = req.Reject([]byte(closedReject))
+			return
+		}
 		if h.Flags&failover.Rejoin != 0 {
 			l.mu.Unlock()
 			_ = req.Reject([]byte("unknown session"))

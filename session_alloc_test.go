@@ -109,12 +109,13 @@ func TestFailoverHotPathAllocs(t *testing.T) {
 }
 
 // TestFailoverPeerGone: when the peer closes its session, this side's
-// ends at once with ErrSessionClosed, told so (closed); when the peer's
-// Close cannot reach it (lost: the connections were cut first, as when
-// the peer's host restarts), the paths dialed again are refused, the peer
-// knowing the session no more, and the session fails with ErrSessionLost.
-// Either way its work completes with that error at once, not at the
-// deadline.
+// ends with ErrSessionClosed (closed): told by the peer's Close message
+// or, when the connection's end overtook it, by the listener refusing the
+// rejoin of a session it closed. When the peer restarts and knows the
+// session no more (lost: the connections are cut and the paths dialed
+// again reach a listener that never knew it), it fails with
+// ErrSessionLost. Either way its work completes with that error at once,
+// not at the deadline.
 func TestFailoverPeerGone(t *testing.T) {
 	check := func(t *testing.T, cli *gowarp.Session, src *gowarp.MR, want error) {
 		t.Helper()
@@ -141,33 +142,43 @@ func TestFailoverPeerGone(t *testing.T) {
 		check(t, cli, src, gowarp.ErrSessionClosed)
 	})
 	t.Run("lost", func(t *testing.T) {
+		// The peer restarts: its connections are cut, and the paths
+		// dialed again reach a listener that never knew the session.
 		var proxies []*cutProxy
 		cfg := gowarp.SessionConfig{Deadline: time.Minute}
-		cli, srv, pd := loopSessionVia(t, cfg, cfg, func(addr string) string {
+		cli, _, pd := loopSessionVia(t, cfg, cfg, func(addr string) string {
 			p := newCutProxy(t, addr)
 			proxies = append(proxies, p)
 			return p.addr
 		})
 		src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
-		for _, p := range proxies {
-			p.cut(false) // the connections go, and none comes through
+		dev2 := gowarp.Open()
+		var lns []*gowarp.Listener
+		for range proxies {
+			ln, err := dev2.Listen("127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lns = append(lns, ln)
 		}
-		srv.Close() // its Close reaches no one
-		for _, p := range proxies {
-			p.cut(true)
+		sl := dev2.AllocPD().ListenSession(cfg, lns...)
+		t.Cleanup(func() { sl.Close() })
+		for i, p := range proxies {
+			p.cut(true, lns[i].Addr().String())
 		}
 		check(t, cli, src, gowarp.ErrSessionLost)
 	})
 }
 
 // cutProxy relays TCP connections to a backend until cut: cut resets
-// every connection relayed, and, with open false, refuses new ones until
-// cut is called again with open true.
+// every connection relayed and relays new ones to another backend, or,
+// with open false, refuses them until cut is called again with open true.
 type cutProxy struct {
-	addr  string
-	mu    sync.Mutex
-	open  bool
-	conns []net.Conn
+	addr    string
+	mu      sync.Mutex
+	open    bool
+	backend string
+	conns   []net.Conn
 }
 
 func newCutProxy(t testing.TB, backend string) *cutProxy {
@@ -177,8 +188,8 @@ func newCutProxy(t testing.TB, backend string) *cutProxy {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	p := &cutProxy{addr: ln.Addr().String(), open: true}
-	t.Cleanup(func() { p.cut(false) })
+	p := &cutProxy{addr: ln.Addr().String(), open: true, backend: backend}
+	t.Cleanup(func() { p.cut(false, "") })
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -192,7 +203,7 @@ func newCutProxy(t testing.TB, backend string) *cutProxy {
 				c.Close()
 				continue
 			}
-			b, err := net.Dial("tcp", backend)
+			b, err := net.Dial("tcp", p.backend)
 			if err != nil {
 				p.mu.Unlock()
 				c.Close()
@@ -207,7 +218,7 @@ func newCutProxy(t testing.TB, backend string) *cutProxy {
 	return p
 }
 
-func (p *cutProxy) cut(open bool) {
+func (p *cutProxy) cut(open bool, backend string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range p.conns {
@@ -215,4 +226,7 @@ func (p *cutProxy) cut(open bool) {
 		c.Close()
 	}
 	p.conns, p.open = nil, open
+	if backend != "" {
+		p.backend = backend
+	}
 }
