@@ -208,6 +208,7 @@ type Session struct {
 	err    error
 	conns  []*sconn       // by path; nil or dead when down
 	byQP   map[*QP]*sconn // every connection not yet released
+	gen    uint64         // progress calls (see dead)
 	tx     *sconn         // the connection this side sends on
 	downAt time.Time      // since when no connection was up
 	stats  SessionStats   // Failovers, Resent, Duplicates, Joins (Conns, TxPath: Stats derives them)
@@ -275,6 +276,7 @@ type sconn struct {
 	slotSize int
 	dead     bool
 	held     int    // receive buffers held by undelivered messages
+	deadGen  uint64 // the session's progress count when it was found dead
 	lastAck  uint64 // the last ack sent on it
 	ctlBusy  [ctlSlots]bool
 	ackNext  int
@@ -617,6 +619,7 @@ func (s *Session) run() {
 // progress handles every completion waiting, then delivers, acknowledges
 // and completes what it can (under mu).
 func (s *Session) progress() {
+	s.gen++
 	for s.err == nil {
 		n := s.cq.Poll(s.wc[:])
 		for i := range s.wc[:n] {
@@ -638,6 +641,12 @@ func (s *Session) progress() {
 	}
 	s.complete()
 	s.pump()
+	for _, c := range s.byQP {
+		if c.dead && c.deadGen < s.gen {
+			// Dead before this call's polls: all it pushed is taken.
+			s.maybeRelease(c)
+		}
+	}
 }
 
 // handle acts on one completion of a connection.
@@ -864,7 +873,7 @@ func (s *Session) dead(c *sconn, why string) {
 	if c.dead {
 		return
 	}
-	c.dead = true
+	c.dead, c.deadGen = true, s.gen
 	c.qp.Close()
 	if s.ackTo == c {
 		s.ackTo = nil
@@ -888,7 +897,9 @@ func (s *Session) dead(c *sconn, why string) {
 	if s.initiator && s.conns[c.path] == c && s.err == nil && c.path < len(s.paths) {
 		s.redial(c.path)
 	}
-	s.maybeRelease(c)
+	// Released (its buffers deregistered, its completions ignored) by the
+	// next progress, once the CQ is drained: a message it took in before
+	// it ended, a peer's Close among them, may still be in the CQ.
 }
 
 // txPath is the path this side sends on, -1 if none (under mu).
