@@ -1237,7 +1237,7 @@ func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.err == nil {
 		for _, c := range s.byQP {
-			if !c.dead && !c.ctlBusy[closeSlot] {
+			if !c.dead { // closeSlot is free: this runs once
 				s.ctl(c, closeSlot, failover.Close, 0)
 			}
 		}

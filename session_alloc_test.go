@@ -141,6 +141,26 @@ func TestFailoverPeerGone(t *testing.T) {
 		srv.Close()
 		check(t, cli, src, gowarp.ErrSessionClosed)
 	})
+	t.Run("closed, its message lost", func(t *testing.T) {
+		// The connections are cut before the peer closes: its Close
+		// reaches no one, and the rejoin is refused as closed.
+		var proxies []*cutProxy
+		cfg := gowarp.SessionConfig{Deadline: time.Minute}
+		cli, srv, pd := loopSessionVia(t, cfg, cfg, func(addr string) string {
+			p := newCutProxy(t, addr)
+			proxies = append(proxies, p)
+			return p.addr
+		})
+		src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
+		for _, p := range proxies {
+			p.cut(false, "")
+		}
+		srv.Close()
+		for _, p := range proxies {
+			p.cut(true, "")
+		}
+		check(t, cli, src, gowarp.ErrSessionClosed)
+	})
 	t.Run("lost", func(t *testing.T) {
 		// The peer restarts: its connections are cut, and the paths
 		// dialed again reach a listener that never knew the session.

@@ -68,9 +68,6 @@ func CombineCRC32c(crcA, crcB uint32, lenB int64) uint32 {
 	return mulMod(xPowMod(uint64(max(lenB, 0)), 3), crcA) ^ crcB
 }
 
-// castagnoliRev is the Castagnoli polynomial, bit-reversed.
-const castagnoliRev = 0x82f63b78
-
 // mulMod is a(x)·b(x) modulo P, in reflected bit order (bit 31 holds
 // x^0), as a CRC's register holds its value.
 func mulMod(a, b uint32) uint32 {
@@ -83,7 +80,7 @@ func mulMod(a, b uint32) uint32 {
 			}
 		}
 		if b&1 != 0 {
-			b = b>>1 ^ castagnoliRev
+			b = b>>1 ^ crc32.Castagnoli // the polynomial, reversed
 		} else {
 			b >>= 1
 		}
