@@ -50,3 +50,16 @@ func SessionReceived(s *Session) uint64 {
 // SessionCompletionsWaiting returns how many completions wait in the
 // session's CQ, not yet taken by its goroutine.
 func SessionCompletionsWaiting(s *Session) int { return s.cq.cq.Len() }
+
+// SessionPathsDown reports whether every connection of s has left the
+// ready state (its peer closed it, say), whether or not s has seen it.
+func SessionPathsDown(s *Session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		if c != nil && c.qp.State() == StateReady {
+			return false
+		}
+	}
+	return true
+}

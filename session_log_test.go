@@ -79,3 +79,43 @@ func TestSessionClose(t *testing.T) {
 		t.Errorf("the peer's session, closed by its peer, logged warnings: %q", w)
 	}
 }
+
+// TestSessionCloseAfterPost: the peer's Close is in the CQ, not yet taken,
+// when a post of this side's finds the connection ended and drops it. The
+// message is handled all the same, and the session ends with
+// ErrSessionClosed at once. A connection dropped at once, its completions
+// ignored, left the session to wait out its deadline (30 s here).
+func TestSessionCloseAfterPost(t *testing.T) {
+	cfg := testSessionConfig()
+	cli, srv, pd := loopSessionWith(t, cfg, cfg)
+	mr, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
+	release := gowarp.StallSession(srv)
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	cli.Close()
+	for start := time.Now(); !gowarp.SessionPathsDown(srv); time.Sleep(time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the peer's connections are still up 10 s after its Close")
+		}
+	}
+	// The post goes on the ended connection, which its failure drops.
+	if err := srv.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Length: 8}}}); err != nil {
+		t.Fatalf("post before the session saw its end: %v", err)
+	}
+	release()
+	released = true
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for srv.Err() == nil && ctx.Err() == nil {
+		srv.Wait(ctx)
+		var wc [4]gowarp.SessionCompletion
+		srv.Poll(wc[:])
+	}
+	if err := srv.Err(); !errors.Is(err, gowarp.ErrSessionClosed) {
+		t.Fatalf("the peer's session: Err %v, want ErrSessionClosed within 10 s", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -251,11 +252,11 @@ func TestAdapterSharedMemoryLinkNoLostWakeup(t *testing.T) {
 	msg, buf := make([]byte, 8), make([]byte, 8)
 	for i := 0; i < rounds; i++ {
 		binary.LittleEndian.PutUint64(msg, uint64(i))
-		if _, err := ini.Writev([][]byte{msg}, nil, true); err != nil {
-			t.Fatalf("round %d: %v", i, err)
+		if n, err := ini.Writev([][]byte{msg}, nil, true); err != nil || n != 8 {
+			shmPingFail(t, done, ini, rsp, "round %d: wrote %d, %v", i, n, err)
 		}
 		if n, err := ini.Readv([][]byte{buf}); err != nil || n != 8 || !bytes.Equal(buf, msg) {
-			t.Fatalf("round %d: read %d %x, %v", i, n, buf[:n], err)
+			shmPingFail(t, done, ini, rsp, "round %d: read %d %x, %v", i, n, buf[:n], err)
 		}
 	}
 	if err := <-done; err != nil {
@@ -305,6 +306,36 @@ func TestAdapterSharedMemoryLinkNoLostWakeup(t *testing.T) {
 		t.Errorf("%d and %d readers' sleeps, %d writer's: want at least 100 and 10", ini.rsleeps, rsp.rsleeps, ini.wsleeps)
 	}
 	t.Logf("sleeps: readers %d and %d, writer %d", ini.rsleeps, rsp.rsleeps, ini.wsleeps)
+}
+
+// shmPingFail ends a ping-pong with what each side of the link shows,
+// once the echoing goroutine has ended (the links' deadline ends it) and
+// with its error, so that a wake-up lost tells which side slept through it.
+func shmPingFail(t *testing.T, done <-chan error, ini, rsp *shmLink, format string, args ...any) {
+	t.Helper()
+	state := "initiator: " + ini.dump(true)
+	var echo error
+	select {
+	case echo = <-done:
+		state += "; responder: " + rsp.dump(true)
+	case <-time.After(30 * time.Second):
+		echo = errors.New("still running")
+		state += "; responder: " + rsp.dump(false)
+	}
+	t.Fatalf(format+"\n\techo: %v\n\t%s", append(args, echo, state)...)
+}
+
+// dump is the link's counters and waiting words, and its reader's and
+// writer's own if mine (no call of the link's is running).
+func (l *shmLink) dump(mine bool) string {
+	ring := func(r *shmRing) string {
+		return fmt.Sprintf("head %d tail %d ltail %d rwait %d wwait %d", r.head.Load(), r.tail.Load(), r.ltail.Load(), r.rwait.Load(), r.wwait.Load())
+	}
+	s := fmt.Sprintf("tx {%s}, rx {%s}", ring(&l.tx), ring(&l.rx))
+	if mine {
+		s += fmt.Sprintf(" rt %d rlt %d rleft %d, sleeps %d read %d write", l.rt, l.rlt, l.rleft, l.rsleeps, l.wsleeps)
+	}
+	return s
 }
 
 // TestShmWaiterSlowYields: one sched_yield that takes longer than
