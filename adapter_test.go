@@ -233,7 +233,7 @@ func TestAdapterSpread(t *testing.T) {
 			t.Errorf("queue pair %d on %v, want %v (in turn)", i, qp.Adapter(), ca[i%2])
 		}
 		if err := qp.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr() + uint64(i*size), RKey: uint32(dst.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr() + uint64(i*size), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		if c := wait(t, ccq); c.Err() != nil {
@@ -337,7 +337,7 @@ func TestAdapterPlacementSharedMemory(t *testing.T) {
 		}
 		dst, _ := pd.Register(make([]byte, src.Len()), gowarp.RemoteWrite)
 		if err := qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: src, Length: src.Len()}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: src, Length: src.Len()}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		if err := dst.WaitPlaced(ctx, uint64(src.Len())); err != nil {

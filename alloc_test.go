@@ -54,13 +54,13 @@ func hotPathAllocsOf(t *testing.T, o gowarp.ConnectOptions, alloc bool) {
 				name string
 				wr   gowarp.SendWR
 			}{
-				{"write", gowarp.SendWR{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}},
-				{"read", gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: recv, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}},
+				{"write", gowarp.SendWR{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: dst.STag()}},
+				{"read", gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: recv, Length: size}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}},
 				{"send", gowarp.SendWR{Op: gowarp.OpSend, SGL: sgl}},
-				{"write-imm", gowarp.SendWR{Op: gowarp.OpWriteImm, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag()), Imm: 7}},
+				{"write-imm", gowarp.SendWR{Op: gowarp.OpWriteImm, SGL: sgl, RemoteAddr: dst.Addr(), RKey: dst.STag(), Imm: 7}},
 				{"send-imm", gowarp.SendWR{Op: gowarp.OpSendImm, SGL: sgl, Imm: 8}},
-				{"fetch-add", gowarp.SendWR{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: recv, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag()), CompareAdd: 1}},
-				{"cmp-swap", gowarp.SendWR{Op: gowarp.OpCmpSwap, SGL: []gowarp.SGE{{MR: recv, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag()), Swap: 2}},
+				{"fetch-add", gowarp.SendWR{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: recv, Length: 8}}, RemoteAddr: dst.Addr(), RKey: dst.STag(), CompareAdd: 1}},
+				{"cmp-swap", gowarp.SendWR{Op: gowarp.OpCmpSwap, SGL: []gowarp.SGE{{MR: recv, Length: 8}}, RemoteAddr: dst.Addr(), RKey: dst.STag(), Swap: 2}},
 			} {
 				for _, signaled := range []bool{true, false} {
 					wr := tc.wr
@@ -120,7 +120,7 @@ func preparedAndProgressAllocs(t *testing.T, o gowarp.ConnectOptions) {
 	dst, _ := p.reg(t, 4096, gowarp.RemoteWrite)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // see hotPathAllocsOf
 	defer cancel()
-	pre, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+	pre, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: dst.Addr(), RKey: dst.STag()})
 	if err != nil {
 		t.Fatal(err)
 	}

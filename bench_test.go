@@ -24,7 +24,7 @@ func benchWriteOn(b *testing.B, p *pair, size, depth int) { benchWriteHook(b, p,
 func benchWriteHook(b *testing.B, p *pair, size, depth int, each func(i int, dst *gowarp.MR)) {
 	src, _ := p.reg(b, size, 0)
 	dst, _ := p.reg(b, size, gowarp.RemoteWrite)
-	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}
 	var wc [64]gowarp.Completion
 	sig := max(1, depth/2)
 	outstanding := 0

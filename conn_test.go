@@ -129,7 +129,7 @@ func exercise(t *testing.T, p *pair, pattern []byte, n int) {
 	}
 	dst, dbuf := p.reg(t, n, gowarp.RemoteWrite|gowarp.RemoteRead|gowarp.LocalWrite)
 	if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+		SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 		t.Fatal(err)
 	}
 	if c := wait(t, p.acq); c.Status != gowarp.Success || c.ID != 1 {
@@ -137,7 +137,7 @@ func exercise(t *testing.T, p *pair, pattern []byte, n int) {
 	}
 	back, bbuf := p.reg(t, n, gowarp.LocalWrite)
 	if err := p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+		SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 		t.Fatal(err)
 	}
 	if c := wait(t, p.acq); c.Status != gowarp.Success || c.ID != 2 || c.Bytes != n {
@@ -558,7 +558,7 @@ func TestOverTLSReadsBothWays(t *testing.T) {
 				wrs := make([]gowarp.SendWR, depth)
 				for i := range wrs {
 					wrs[i] = gowarp.SendWR{ID: uint64(i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
-						SGL: []gowarp.SGE{{MR: me.dst, Length: size}}, RemoteAddr: peer.src.Addr(), RKey: uint32(peer.src.STag())}
+						SGL: []gowarp.SGE{{MR: me.dst, Length: size}}, RemoteAddr: peer.src.Addr(), RKey: peer.src.STag()}
 				}
 				if _, err := me.qp.PostSendList(wrs); err != nil {
 					errs <- err

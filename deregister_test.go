@@ -58,7 +58,7 @@ func TestDeregisterRacesPeerAccess(t *testing.T) {
 					// the two would be a CRC error.
 					wr := gowarp.SendWR{ID: uint64(k), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
 						SGL:        []gowarp.SGE{{MR: src, Length: writeSize}},
-						RemoteAddr: mr.Addr() + uint64(k*writeSize%(size/2)), RKey: uint32(mr.STag())}
+						RemoteAddr: mr.Addr() + uint64(k*writeSize%(size/2)), RKey: mr.STag()}
 					if k%2 == 1 {
 						wr.Op, wr.SGL, wr.RemoteAddr = gowarp.OpRead, []gowarp.SGE{{MR: sinks[k/2%len(sinks)], Length: size / 2}}, mr.Addr()+size/2
 					}

@@ -38,7 +38,7 @@ func TestDetach(t *testing.T) {
 	if !lent.Detached() || !lent.Valid() {
 		t.Fatalf("detached %v, valid %v", lent.Detached(), lent.Valid())
 	}
-	rkey := uint32(lent.STag())
+	rkey := lent.STag()
 	for i, wr := range []gowarp.SendWR{
 		{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: lent.Addr(), RKey: rkey},
 		{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 100}}, RemoteAddr: lent.Addr() + 5000, RKey: rkey},
@@ -61,7 +61,7 @@ func TestDetach(t *testing.T) {
 		t.Fatal("a Read of a detached region returned its memory")
 	}
 	// The connection carries on.
-	wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: other.Addr(), RKey: uint32(other.STag())}
+	wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: other.Addr(), RKey: other.STag()}
 	if err := p.a.PostSend(&wr); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestDetachUnderWrites(t *testing.T) {
 		for k := 0; !stop.Load() || inflight > 0; {
 			for !stop.Load() && inflight < 8 {
 				src := srcs[k&1] // consecutive Writes differ: one in progress at Detach shows
-				wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: lent.Addr(), RKey: uint32(lent.STag())}
+				wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: lent.Addr(), RKey: lent.STag()}
 				if k%5 == 4 {
 					wr.Op, wr.SGL = gowarp.OpRead, []gowarp.SGE{{MR: sink, Length: n}}
 				}
@@ -292,9 +292,9 @@ func TestRetire(t *testing.T) {
 		sbuf[i] = 0xee
 	}
 	for _, wr := range []gowarp.SendWR{
-		{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: mr.Addr(), RKey: uint32(old)},
-		{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: mr.Addr(), RKey: uint32(old)},
-		{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: mr.Addr() + 64, RKey: uint32(old), CompareAdd: 9},
+		{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: mr.Addr(), RKey: gowarp.STag(uint32(old))},
+		{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: mr.Addr(), RKey: gowarp.STag(uint32(old))},
+		{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: mr.Addr() + 64, RKey: gowarp.STag(uint32(old)), CompareAdd: 9},
 	} {
 		if st := post(wr); st != gowarp.Success {
 			t.Fatalf("%v through a retired key: %v", wr.Op, st)
@@ -308,7 +308,7 @@ func TestRetire(t *testing.T) {
 	}
 	// The region's own key still reaches the memory.
 	copy(sbuf, "through the own key")
-	if st := post(gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 19}}, RemoteAddr: mr.Addr(), RKey: uint32(mr.STag())}); st != gowarp.Success {
+	if st := post(gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 19}}, RemoteAddr: mr.Addr(), RKey: mr.STag()}); st != gowarp.Success {
 		t.Fatal(st)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -319,7 +319,7 @@ func TestRetire(t *testing.T) {
 	if err := mr.Revoke(old); err != nil {
 		t.Fatal(err)
 	}
-	if st := post(gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: mr.Addr(), RKey: uint32(old)}); st != gowarp.RemoteAccessError {
+	if st := post(gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: mr.Addr(), RKey: gowarp.STag(uint32(old))}); st != gowarp.RemoteAccessError {
 		t.Fatalf("a Read through a revoked key: %v", st)
 	}
 	if _, err := mr.ExposeKey(gowarp.Detached, 7); !errors.Is(err, gowarp.ErrBadSemantics) {

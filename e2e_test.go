@@ -17,7 +17,7 @@ func TestWriteReadSendLoopback(t *testing.T) {
 			sbuf[i] = byte(i * 7)
 		}
 		if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		if c := wait(t, p.acq); c.Status != gowarp.Success || c.ID != 1 || c.Op != gowarp.CompWrite {
@@ -26,7 +26,7 @@ func TestWriteReadSendLoopback(t *testing.T) {
 		// A Read after the Write sees it.
 		back, bbuf := p.reg(t, n, gowarp.LocalWrite)
 		if err := p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		if c := wait(t, p.acq); c.Status != gowarp.Success || c.ID != 2 {

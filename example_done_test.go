@@ -60,7 +60,7 @@ func ExampleQP_Done() {
 	pdata := qp.PeerPrivateData()
 	rkey, raddr := binary.BigEndian.Uint32(pdata), binary.BigEndian.Uint64(pdata[4:])
 	qp.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: mr, Length: len(buf)}}, RemoteAddr: raddr, RKey: rkey})
+		SGL: []gowarp.SGE{{MR: mr, Length: len(buf)}}, RemoteAddr: raddr, RKey: gowarp.STag(rkey)})
 	if err := cq.Wait(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func Example_tour() {
 	buf := make([]byte, 4096)
 	mr, _ := pd.Register(buf, gowarp.LocalWrite)
 	copy(buf, "written with RDMA WRITE")
-	remote, rkey := srvMR.Addr(), uint32(srvMR.STag()) // normally sent over in private data or a Send
+	remote, rkey := srvMR.Addr(), srvMR.STag() // normally sent over in private data or a Send
 
 	qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
 		SGL: []gowarp.SGE{{MR: mr, Length: 23}}, RemoteAddr: remote, RKey: rkey})
@@ -125,7 +125,7 @@ func ExampleMR_WaitPlaced() {
 	mr, _ := pd.Register(msg, 0)
 	want := inboxMR.Placed() + uint64(len(msg)) // Placed counts from registration on
 	qp.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: len(msg)}},
-		RKey: binary.BigEndian.Uint32(pdata), RemoteAddr: binary.BigEndian.Uint64(pdata[4:])})
+		RKey: gowarp.STag(binary.BigEndian.Uint32(pdata)), RemoteAddr: binary.BigEndian.Uint64(pdata[4:])})
 
 	if err := inboxMR.WaitPlaced(ctx, want); err != nil {
 		log.Fatal(err)

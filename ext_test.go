@@ -42,7 +42,7 @@ func TestWriteImm(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWriteImm, Flags: gowarp.Signaled, Imm: 0xc0ffee00 + uint32(n),
-			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		c := wait(t, p.bcq)
@@ -125,11 +125,11 @@ func TestExtNotNegotiated(t *testing.T) {
 			mr, _ := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteWrite)
 			for _, qp := range []*gowarp.QP{p.a, p.b} {
 				for _, op := range []gowarp.WROp{gowarp.OpWriteImm, gowarp.OpSendImm, gowarp.OpFetchAdd, gowarp.OpCmpSwap, gowarp.OpAtomicWrite} {
-					err := qp.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RemoteAddr: mr.Addr(), RKey: uint32(mr.STag())})
+					err := qp.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RemoteAddr: mr.Addr(), RKey: mr.STag()})
 					if !errors.Is(err, gowarp.ErrNotSupported) {
 						t.Fatalf("%v: %v, want ErrNotSupported", op, err)
 					}
-					pr, err := qp.Prepare(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RemoteAddr: mr.Addr(), RKey: uint32(mr.STag())})
+					pr, err := qp.Prepare(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RemoteAddr: mr.Addr(), RKey: mr.STag()})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -242,14 +242,14 @@ func TestImmWire(t *testing.T) {
 	p.b.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: dst, Length: 100 << 10}}})
 	p.b.PostRecv(&gowarp.RecvWR{ID: 2, SGL: []gowarp.SGE{{MR: dst, Length: 100 << 10}}})
 	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWriteImm, Imm: 0x11223344, SGL: []gowarp.SGE{{MR: src, Length: 5000}},
-		RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+		RemoteAddr: dst.Addr(), RKey: dst.STag()})
 	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendImm, Flags: gowarp.Solicited, Imm: 0x55, SGL: []gowarp.SGE{{MR: src, Length: 100 << 10}}})
 	wait(t, p.bcq)
 	wait(t, p.bcq)
 	at, _ := p.reg(t, 8, gowarp.RemoteAtomic)
 	res, _ := p.reg(t, 8, gowarp.LocalWrite)
 	if err := p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpCmpSwap, Flags: gowarp.Signaled, CompareAdd: 3, Swap: 4,
-		SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: at.Addr(), RKey: uint32(at.STag())}); err != nil {
+		SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: at.Addr(), RKey: at.STag()}); err != nil {
 		t.Fatal(err)
 	}
 	if c := wait(t, p.acq); c.Err() != nil || c.Op != gowarp.CompAtomic {
@@ -339,7 +339,7 @@ func TestAtomics(t *testing.T) {
 	post := func(id uint64, op gowarp.WROp, cmpAdd, swap uint64) uint64 {
 		t.Helper()
 		if err := p.a.PostSend(&gowarp.SendWR{ID: id, Op: op, Flags: gowarp.Signaled, CompareAdd: cmpAdd, Swap: swap,
-			SGL: []gowarp.SGE{{MR: res, Offset: 16, Length: 8}}, RemoteAddr: base, RKey: uint32(target.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: res, Offset: 16, Length: 8}}, RemoteAddr: base, RKey: target.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		c := wait(t, p.acq)
@@ -375,7 +375,7 @@ func TestAtomics(t *testing.T) {
 		defer wg.Done()
 		for i := range n {
 			if err := qp.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpFetchAdd, Flags: gowarp.Signaled, CompareAdd: 1,
-				SGL: []gowarp.SGE{{MR: r, Length: 8}}, RemoteAddr: base, RKey: uint32(target.STag())}); err != nil {
+				SGL: []gowarp.SGE{{MR: r, Length: 8}}, RemoteAddr: base, RKey: target.STag()}); err != nil {
 				t.Error(err)
 				return
 			}
@@ -412,9 +412,9 @@ func TestAtomicErrors(t *testing.T) {
 	target, _ := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteAtomic)
 	res, _ := p.reg(t, 64, gowarp.LocalWrite)
 	for _, wr := range []gowarp.SendWR{
-		{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: target.Addr() + 4, RKey: uint32(target.STag())},
-		{Op: gowarp.OpCmpSwap, SGL: []gowarp.SGE{{MR: res, Length: 4}}, RemoteAddr: target.Addr(), RKey: uint32(target.STag())},
-		{Op: gowarp.OpAtomicWrite, RemoteAddr: target.Addr(), RKey: uint32(target.STag())},
+		{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: target.Addr() + 4, RKey: target.STag()},
+		{Op: gowarp.OpCmpSwap, SGL: []gowarp.SGE{{MR: res, Length: 4}}, RemoteAddr: target.Addr(), RKey: target.STag()},
+		{Op: gowarp.OpAtomicWrite, RemoteAddr: target.Addr(), RKey: target.STag()},
 	} {
 		if err := p.a.PostSend(&wr); !errors.Is(err, gowarp.ErrBadAtomic) {
 			t.Errorf("%+v: %v, want ErrBadAtomic", wr, err)
@@ -441,7 +441,7 @@ func TestAtomicErrors(t *testing.T) {
 			target, _ := p.reg(t, 64, tt.acc)
 			res, _ := p.reg(t, 8, gowarp.LocalWrite)
 			if err := p.a.PostSend(&gowarp.SendWR{ID: 7, Op: gowarp.OpFetchAdd, Flags: gowarp.Signaled, CompareAdd: 1,
-				SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: target.Addr(), RKey: tt.rkey(target)}); err != nil {
+				SGL: []gowarp.SGE{{MR: res, Length: 8}}, RemoteAddr: target.Addr(), RKey: gowarp.STag(tt.rkey(target))}); err != nil {
 				t.Fatal(err)
 			}
 			c := wait(t, p.acq)
@@ -469,7 +469,7 @@ func BenchmarkAtomicLat(b *testing.B) {
 			target, _ := p.reg(b, 8, gowarp.RemoteRead|gowarp.RemoteAtomic)
 			res, _ := p.reg(b, 8, gowarp.LocalWrite)
 			wr := gowarp.SendWR{Op: op, Flags: gowarp.Signaled, CompareAdd: 1, SGL: []gowarp.SGE{{MR: res, Length: 8}},
-				RemoteAddr: target.Addr(), RKey: uint32(target.STag())}
+				RemoteAddr: target.Addr(), RKey: target.STag()}
 			ctx := context.Background()
 			var wc [1]gowarp.Completion
 			b.ResetTimer()
@@ -513,7 +513,7 @@ func TestAtomicsUnderSnapshot(t *testing.T) {
 	}
 	defer rs.Close()
 	if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpFetchAdd, Flags: gowarp.Signaled, CompareAdd: 5,
-		SGL: []gowarp.SGE{{MR: res, Offset: 16, Length: 8}}, RemoteAddr: target.Addr() + 8, RKey: uint32(target.STag())}); err != nil {
+		SGL: []gowarp.SGE{{MR: res, Offset: 16, Length: 8}}, RemoteAddr: target.Addr() + 8, RKey: target.STag()}); err != nil {
 		t.Fatal(err)
 	}
 	if c := wait(t, p.acq); c.Err() != nil {

@@ -353,7 +353,7 @@ func TestRemoteErrorCompletes(t *testing.T) {
 			// The Write is unsignaled and completes when handed to TCP;
 			// the Send behind it is still outstanding when the Terminate comes.
 			p.a.PostSend(&gowarp.SendWR{ID: 1, Op: op, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: local, Length: 64}},
-				RemoteAddr: remote.Addr() + 32, RKey: uint32(remote.STag())})
+				RemoteAddr: remote.Addr() + 32, RKey: remote.STag()})
 			first := wait(t, p.acq)
 			if op == gowarp.OpRead {
 				if first.ID != 1 || first.Status != gowarp.RemoteAccessError {

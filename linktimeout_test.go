@@ -132,7 +132,7 @@ func TestLinkTimeoutWritesOutstanding(t *testing.T) {
 	dst, _ := p.reg(t, size, gowarp.RemoteWrite)
 	post := func(id int) error {
 		return p.a.PostSend(&gowarp.SendWR{ID: uint64(id), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+			SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: dst.STag()})
 	}
 	for id := range 8 {
 		if err := post(id); err != nil {

@@ -65,8 +65,8 @@ func benchManyQPsWith(b *testing.B, n int, o gowarp.ConnectOptions, loop bool) {
 		c.p = newPair(b, o)
 		c.src, _ = c.p.reg(b, size, gowarp.LocalWrite)
 		c.dst, _ = c.p.reg(b, size, gowarp.RemoteWrite|gowarp.RemoteRead)
-		c.wr[0] = gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: c.src, Length: size}}, RemoteAddr: c.dst.Addr(), RKey: uint32(c.dst.STag())}
-		c.wr[1] = gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: c.src, Length: size}}, RemoteAddr: c.dst.Addr(), RKey: uint32(c.dst.STag())}
+		c.wr[0] = gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: c.src, Length: size}}, RemoteAddr: c.dst.Addr(), RKey: c.dst.STag()}
+		c.wr[1] = gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: c.src, Length: size}}, RemoteAddr: c.dst.Addr(), RKey: c.dst.STag()}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -260,8 +260,8 @@ func benchManyQPsShared(b *testing.B, n int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c.wr[0] = gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
-		c.wr[1] = gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+		c.wr[0] = gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}
+		c.wr[1] = gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}
 	}
 	left := b.N
 	post := func(c *client) {

@@ -158,7 +158,7 @@ type FlushWR struct {
 	// RKey and RemoteAddr name the peer's region (through any of its
 	// keys) and the start of the range; Length is the range's length,
 	// 0 for the whole region.
-	RKey       uint32
+	RKey       STag
 	RemoteAddr uint64
 	Length     uint64
 }
@@ -171,5 +171,5 @@ type FlushWR struct {
 // RemoteWrite, persistence of a memory region: a Terminate, and the
 // flush completes with an error) and carries it out before it answers.
 func (qp *QP) PostFlush(wr *FlushWR) error {
-	return qp.q.PostFlush(wr.ID, engine.WRFlags(wr.Flags), wr.Type, wr.RKey, wr.RemoteAddr, wr.Length)
+	return qp.q.PostFlush(wr.ID, engine.WRFlags(wr.Flags), wr.Type, uint32(wr.RKey), wr.RemoteAddr, wr.Length)
 }

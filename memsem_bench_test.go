@@ -48,8 +48,8 @@ func BenchmarkFileWrite(b *testing.B) {
 						typ = gowarp.FlushPersistence
 					}
 					src, sbuf := p.reg(b, size, gowarp.LocalWrite)
-					wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: fmr.Addr(), RKey: uint32(key)}
-					fl := gowarp.FlushWR{Flags: gowarp.Signaled, Type: typ, RKey: uint32(fmr.STag()), RemoteAddr: fmr.Addr(), Length: uint64(size)}
+					wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: fmr.Addr(), RKey: gowarp.STag(uint32(key))}
+					fl := gowarp.FlushWR{Flags: gowarp.Signaled, Type: typ, RKey: fmr.STag(), RemoteAddr: fmr.Addr(), Length: uint64(size)}
 					b.SetBytes(int64(size))
 					b.ResetTimer()
 					for i := range b.N {
@@ -135,7 +135,7 @@ func BenchmarkFileRead(b *testing.B) {
 					}
 					p, fmr, key := benchFileMR(b, f, gowarp.RemoteRead, sem)
 					dst, _ := p.reg(b, size, gowarp.LocalWrite)
-					wr := gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: dst, Length: size}}, RemoteAddr: fmr.Addr(), RKey: uint32(key)}
+					wr := gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: dst, Length: size}}, RemoteAddr: fmr.Addr(), RKey: gowarp.STag(uint32(key))}
 					b.SetBytes(int64(size))
 					b.ResetTimer()
 					for range b.N {

@@ -77,8 +77,8 @@ func TestDurableReachesStorage(t *testing.T) {
 	src, sbuf := p.reg(t, size, gowarp.LocalWrite)
 	copy(sbuf, pattern(size, 5))
 	write := func(i int, key gowarp.STag, typ gowarp.FlushType, whole bool) int {
-		post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: fmr.Addr() + uint64(i*size), RKey: uint32(key)})
-		fl := gowarp.FlushWR{Type: typ, RKey: uint32(fmr.STag()), RemoteAddr: fmr.Addr() + uint64(i*size), Length: size}
+		post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: fmr.Addr() + uint64(i*size), RKey: gowarp.STag(uint32(key))})
+		fl := gowarp.FlushWR{Type: typ, RKey: fmr.STag(), RemoteAddr: fmr.Addr() + uint64(i*size), Length: size}
 		if whole {
 			fl.RemoteAddr, fl.Length = 0, 0
 		}

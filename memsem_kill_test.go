@@ -60,7 +60,7 @@ func TestMemsemChild(t *testing.T) {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	fmt.Println(ln.Addr(), uint32(mr.STag()), mr.Addr())
+	fmt.Println(ln.Addr(), mr.STag(), mr.Addr())
 	req, err := ln.Accept(context.Background())
 	if err == nil {
 		err = req.Accept(context.Background(), qp, gowarp.ConnectOptions{})
@@ -90,13 +90,13 @@ func killRun(t *testing.T, n, w int, doFlush bool, typ gowarp.FlushType) int {
 	copy(sbuf, pattern(n*w, 11))
 	for i := range n {
 		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: src, Offset: i * w, Length: w}}, RemoteAddr: base + uint64(i*w), RKey: stag}); err != nil {
+			SGL: []gowarp.SGE{{MR: src, Offset: i * w, Length: w}}, RemoteAddr: base + uint64(i*w), RKey: gowarp.STag(stag)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	want := n
 	if doFlush {
-		if err := p.a.PostFlush(&gowarp.FlushWR{ID: 1 << 40, Flags: gowarp.Signaled, Type: typ, RKey: stag}); err != nil {
+		if err := p.a.PostFlush(&gowarp.FlushWR{ID: 1 << 40, Flags: gowarp.Signaled, Type: typ, RKey: gowarp.STag(stag)}); err != nil {
 			t.Fatal(err)
 		}
 		want++

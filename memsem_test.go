@@ -80,8 +80,8 @@ func TestFileRegion(t *testing.T) {
 	for _, n := range []int{100, 5000, 300 << 10} {
 		copy(sbuf, pattern(n, n))
 		to := uint64(n) // anywhere inside
-		post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: fmr.Addr() + to, RKey: uint32(fmr.STag())})
-		c := flush(t, p, &gowarp.FlushWR{Type: gowarp.FlushVisibility, RKey: uint32(fmr.STag())})
+		post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: fmr.Addr() + to, RKey: fmr.STag()})
+		c := flush(t, p, &gowarp.FlushWR{Type: gowarp.FlushVisibility, RKey: fmr.STag()})
 		if c.Err() != nil || c.Op != gowarp.CompFlush {
 			t.Fatalf("flush: %v %v", c.Op, c.Err())
 		}
@@ -95,7 +95,7 @@ func TestFileRegion(t *testing.T) {
 		// Read it back into the other half of the source buffer.
 		clear(sbuf[256<<10:])
 		m := min(n, 256<<10)
-		post(t, p, &gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Offset: 256 << 10, Length: m}}, RemoteAddr: fmr.Addr() + to, RKey: uint32(fmr.STag())})
+		post(t, p, &gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Offset: 256 << 10, Length: m}}, RemoteAddr: fmr.Addr() + to, RKey: fmr.STag()})
 		if !bytes.Equal(sbuf[256<<10:256<<10+m], got[:m]) {
 			t.Fatalf("Read of %d bytes from the file region differs", m)
 		}
@@ -174,16 +174,16 @@ func TestFileTruncatedUnderRegion(t *testing.T) {
 			}
 			src, _ := p.reg(t, tc.n, gowarp.LocalWrite)
 			// Good first, then cut the file to 64 KiB and go past it.
-			post(t, p, &gowarp.SendWR{Op: tc.op, SGL: []gowarp.SGE{{MR: src, Length: tc.n}}, RemoteAddr: fmr.Addr(), RKey: uint32(fmr.STag())})
+			post(t, p, &gowarp.SendWR{Op: tc.op, SGL: []gowarp.SGE{{MR: src, Length: tc.n}}, RemoteAddr: fmr.Addr(), RKey: fmr.STag()})
 			if tc.op == gowarp.OpWrite { // placed before the cut
-				if c := flush(t, p, &gowarp.FlushWR{RKey: uint32(fmr.STag())}); c.Err() != nil {
+				if c := flush(t, p, &gowarp.FlushWR{RKey: fmr.STag()}); c.Err() != nil {
 					t.Fatal(c.Err())
 				}
 			}
 			if err := f.Truncate(64 << 10); err != nil {
 				t.Fatal(err)
 			}
-			wr := &gowarp.SendWR{ID: 2, Op: tc.op, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: tc.n}}, RemoteAddr: fmr.Addr() + 512<<10, RKey: uint32(fmr.STag())}
+			wr := &gowarp.SendWR{ID: 2, Op: tc.op, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: tc.n}}, RemoteAddr: fmr.Addr() + 512<<10, RKey: fmr.STag()}
 			if err := p.a.PostSend(wr); err != nil {
 				t.Fatal(err)
 			}
@@ -198,7 +198,7 @@ func TestFileTruncatedUnderRegion(t *testing.T) {
 			// The other pair still works, and the region deregisters.
 			omr, _ := other.reg(t, 4096, gowarp.RemoteWrite)
 			osrc, _ := other.reg(t, 4096, gowarp.LocalWrite)
-			post(t, other, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: osrc, Length: 4096}}, RemoteAddr: omr.Addr(), RKey: uint32(omr.STag())})
+			post(t, other, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: osrc, Length: 4096}}, RemoteAddr: omr.Addr(), RKey: omr.STag()})
 			if err := fmr.Deregister(); err != nil {
 				t.Fatal(err)
 			}
@@ -247,10 +247,10 @@ func TestSemanticKeys(t *testing.T) {
 		n := 40<<10 + i
 		copy(sbuf, pattern(n, i))
 		to := uint64(i) * 50 << 10
-		post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: fmr.Addr() + to, RKey: uint32(s)})
+		post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: fmr.Addr() + to, RKey: gowarp.STag(uint32(s))})
 		// Read it back through the next key.
 		next := []gowarp.STag{plain, rt, fmr.STag()}[i]
-		post(t, p, &gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Offset: 64 << 10, Length: n}}, RemoteAddr: fmr.Addr() + to, RKey: uint32(next)})
+		post(t, p, &gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Offset: 64 << 10, Length: n}}, RemoteAddr: fmr.Addr() + to, RKey: gowarp.STag(uint32(next))})
 		if !bytes.Equal(sbuf[64<<10:64<<10+n], pattern(n, i)) {
 			t.Fatalf("through %v then %v: data differs", s, next)
 		}
@@ -277,7 +277,7 @@ func TestSemanticKeys(t *testing.T) {
 			continue
 		}
 		qsrc, _ := q.reg(t, 100, gowarp.LocalWrite)
-		if err := q.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: qsrc, Length: 100}}, RemoteAddr: qmr.Addr(), RKey: stag}); err != nil {
+		if err := q.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: qsrc, Length: 100}}, RemoteAddr: qmr.Addr(), RKey: gowarp.STag(stag)}); err != nil {
 			t.Fatal(err)
 		}
 		waitState(t, q.b, gowarp.StateError)
@@ -311,16 +311,16 @@ func TestFlushBad(t *testing.T) {
 		want error
 	}{
 		{"wrong-key", func(m, _ *gowarp.MR) gowarp.FlushWR {
-			return gowarp.FlushWR{RKey: uint32(m.STag()) ^ 0x01, RemoteAddr: m.Addr(), Length: 1}
+			return gowarp.FlushWR{RKey: m.STag() ^ 0x01, RemoteAddr: m.Addr(), Length: 1}
 		}, wire.ErrRDMAPInvalidSTag},
 		{"past-region", func(m, _ *gowarp.MR) gowarp.FlushWR {
-			return gowarp.FlushWR{RKey: uint32(m.STag()), RemoteAddr: m.Addr() + 4000, Length: 97}
+			return gowarp.FlushWR{RKey: m.STag(), RemoteAddr: m.Addr() + 4000, Length: 97}
 		}, wire.ErrRDMAPBaseBounds},
 		{"persist-memory", func(m, _ *gowarp.MR) gowarp.FlushWR {
-			return gowarp.FlushWR{Type: gowarp.FlushPersistence, RKey: uint32(m.STag())}
+			return gowarp.FlushWR{Type: gowarp.FlushPersistence, RKey: m.STag()}
 		}, wire.ErrRDMAPAccessRights},
 		{"read-only-region", func(_, fm *gowarp.MR) gowarp.FlushWR {
-			return gowarp.FlushWR{Type: gowarp.FlushPersistence, RKey: uint32(fm.STag())}
+			return gowarp.FlushWR{Type: gowarp.FlushPersistence, RKey: fm.STag()}
 		}, wire.ErrRDMAPAccessRights},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -343,7 +343,7 @@ func TestFlushBad(t *testing.T) {
 			if err := p.a.Err(); !errors.Is(err, tc.want) {
 				t.Fatalf("requester: %v, want %v", err, tc.want)
 			}
-			if err := p.a.PostFlush(&gowarp.FlushWR{RKey: uint32(m.STag())}); !errors.Is(err, gowarp.ErrNotReady) {
+			if err := p.a.PostFlush(&gowarp.FlushWR{RKey: m.STag()}); !errors.Is(err, gowarp.ErrNotReady) {
 				t.Fatalf("flush on a QP in error: %v, want ErrNotReady", err)
 			}
 		})
@@ -374,11 +374,11 @@ func TestFlushOrders(t *testing.T) {
 	for round, key := range []gowarp.STag{fmr.STag(), durable, fmr.STag(), durable} {
 		before := fmr.Placed()
 		for i := range 4 {
-			if err := p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 1 << 20}}, RemoteAddr: fmr.Addr() + uint64(i)<<20, RKey: uint32(key)}); err != nil {
+			if err := p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 1 << 20}}, RemoteAddr: fmr.Addr() + uint64(i)<<20, RKey: gowarp.STag(uint32(key))}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		wr := gowarp.FlushWR{Type: gowarp.FlushType(round % 2), RKey: uint32(fmr.STag()), RemoteAddr: fmr.Addr() + 1<<20, Length: uint64(round) << 20}
+		wr := gowarp.FlushWR{Type: gowarp.FlushType(round % 2), RKey: fmr.STag(), RemoteAddr: fmr.Addr() + 1<<20, Length: uint64(round) << 20}
 		if c := flush(t, p, &wr); c.Err() != nil {
 			t.Fatalf("flush: %v (%v)", c.Err(), p.a.Err())
 		}
@@ -407,16 +407,16 @@ func TestMemsemTraffic(t *testing.T) {
 	rt, _ := fmr.Expose(gowarp.ReadThrough)
 	src, sbuf := p.reg(t, 16<<10, gowarp.LocalWrite)
 	copy(sbuf, pattern(8<<10, 9))
-	post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 8 << 10}}, RemoteAddr: fmr.Addr() + 100, RKey: uint32(durable)})
+	post(t, p, &gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 8 << 10}}, RemoteAddr: fmr.Addr() + 100, RKey: gowarp.STag(uint32(durable))})
 	for _, fl := range []gowarp.FlushWR{
-		{Type: gowarp.FlushVisibility, RKey: uint32(fmr.STag()), RemoteAddr: fmr.Addr() + 100, Length: 8 << 10},
-		{Type: gowarp.FlushPersistence, RKey: uint32(rt)},
+		{Type: gowarp.FlushVisibility, RKey: fmr.STag(), RemoteAddr: fmr.Addr() + 100, Length: 8 << 10},
+		{Type: gowarp.FlushPersistence, RKey: gowarp.STag(uint32(rt))},
 	} {
 		if c := flush(t, p, &fl); c.Err() != nil {
 			t.Fatal(c.Err())
 		}
 	}
-	post(t, p, &gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Offset: 8 << 10, Length: 8 << 10}}, RemoteAddr: fmr.Addr() + 100, RKey: uint32(rt)})
+	post(t, p, &gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: src, Offset: 8 << 10, Length: 8 << 10}}, RemoteAddr: fmr.Addr() + 100, RKey: gowarp.STag(uint32(rt))})
 	if !bytes.Equal(sbuf[8<<10:], sbuf[:8<<10]) {
 		t.Fatal("read back differs")
 	}

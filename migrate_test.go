@@ -122,11 +122,11 @@ func (c *migClient) op(ctx context.Context, r, off int, v uint64) error {
 	clear(c.back.Bytes())
 	raddr, rkey := c.addrs[r]+uint64(off), c.stags[r]
 	if err := c.qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: c.src, Length: migSlot}},
-		RemoteAddr: raddr, RKey: rkey}); err != nil {
+		RemoteAddr: raddr, RKey: gowarp.STag(rkey)}); err != nil {
 		return err
 	}
 	if err := c.qp.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: c.back, Length: migSlot}}, RemoteAddr: raddr, RKey: rkey}); err != nil {
+		SGL: []gowarp.SGE{{MR: c.back, Length: migSlot}}, RemoteAddr: raddr, RKey: gowarp.STag(rkey)}); err != nil {
 		return err
 	}
 	var wc [4]gowarp.Completion

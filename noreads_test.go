@@ -47,7 +47,7 @@ func TestNoReadsNegotiated(t *testing.T) {
 				src, _ := p.reg(t, 64, gowarp.RemoteRead|gowarp.RemoteWrite)
 				sink, _ := p.reg(t, 64, gowarp.LocalWrite)
 				read := gowarp.SendWR{ID: 7, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-					SGL: []gowarp.SGE{{MR: sink, Length: 64}}, RemoteAddr: src.Addr(), RKey: uint32(src.STag())}
+					SGL: []gowarp.SGE{{MR: sink, Length: 64}}, RemoteAddr: src.Addr(), RKey: src.STag()}
 				err := side.qp.PostSend(&read)
 				pre, perr := side.qp.Prepare(&read)
 				if perr != nil {
@@ -71,7 +71,7 @@ func TestNoReadsNegotiated(t *testing.T) {
 				pre.Release()
 				// Writes still work.
 				if err := side.qp.PostSend(&gowarp.SendWR{ID: 9, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-					SGL: []gowarp.SGE{{MR: sink, Length: 64}}, RemoteAddr: src.Addr(), RKey: uint32(src.STag())}); err != nil {
+					SGL: []gowarp.SGE{{MR: sink, Length: 64}}, RemoteAddr: src.Addr(), RKey: src.STag()}); err != nil {
 					t.Fatal(err)
 				}
 				if c := wait(t, side.cq); c.Err() != nil || c.ID != 9 {

@@ -34,7 +34,7 @@ func TestWaitPlaced(t *testing.T) {
 	for i, w := range []struct{ off, n int }{{0, 1000}, {1000, 2000}} {
 		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite,
 			SGL:        []gowarp.SGE{{MR: src, Offset: w.off, Length: w.n}},
-			RemoteAddr: dst.Addr() + uint64(w.off), RKey: uint32(dst.STag())}); err != nil {
+			RemoteAddr: dst.Addr() + uint64(w.off), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 	}

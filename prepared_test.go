@@ -48,11 +48,11 @@ func TestPrepared(t *testing.T) {
 		t.Fatal("received data differs")
 	}
 
-	write, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 3000}}, RemoteAddr: dst.Addr() + 7, RKey: uint32(dst.STag())})
+	write, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 3000}}, RemoteAddr: dst.Addr() + 7, RKey: dst.STag()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	read, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: rmr, Offset: 100, Length: 3000}}, RemoteAddr: dst.Addr() + 7, RKey: uint32(dst.STag())})
+	read, err := p.a.Prepare(&gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: rmr, Offset: 100, Length: 3000}}, RemoteAddr: dst.Addr() + 7, RKey: dst.STag()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,14 +147,14 @@ func TestShapeCacheFollowsChanges(t *testing.T) {
 		}
 		switch w.Op {
 		case gowarp.OpWrite:
-			if h.Opcode != wire.OpWrite || h.STag != w.RKey || h.TO != w.RemoteAddr || len(fp.ULPDU)-n != w.SGL[0].Length {
+			if h.Opcode != wire.OpWrite || h.STag != uint32(w.RKey) || h.TO != w.RemoteAddr || len(fp.ULPDU)-n != w.SGL[0].Length {
 				t.Errorf("post %d: %+v with %d bytes, want %+v", i, h, len(fp.ULPDU)-n, w)
 			}
 		case gowarp.OpRead:
 			msn[1]++
 			rr, _, _ := wire.ParseReadRequest(fp.ULPDU[n:])
 			s := w.SGL[0]
-			if h.Opcode != wire.OpReadRequest || h.MSN != msn[1] || rr.SourceSTag != w.RKey || rr.SourceTO != w.RemoteAddr ||
+			if h.Opcode != wire.OpReadRequest || h.MSN != msn[1] || rr.SourceSTag != uint32(w.RKey) || rr.SourceTO != w.RemoteAddr ||
 				rr.SinkSTag != uint32(s.MR.STag()) || rr.SinkTO != s.MR.Addr()+uint64(s.Offset) || int(rr.Size) != s.Length {
 				t.Errorf("post %d: %+v %+v", i, h, rr)
 			}
@@ -167,7 +167,7 @@ func TestShapeCacheFollowsChanges(t *testing.T) {
 			if w.Op == gowarp.OpSendInv {
 				want = wire.OpSendInv
 			}
-			if h.Opcode != want || h.MSN != msn[0] || h.MO != 0 || h.RsvdULP != w.InvalidateSTag {
+			if h.Opcode != want || h.MSN != msn[0] || h.MO != 0 || h.RsvdULP != uint32(w.InvalidateSTag) {
 				t.Errorf("post %d: %+v, want %v MSN %d", i, h, want, msn[0])
 			}
 		}

@@ -164,7 +164,7 @@ func TestProgressFuncCloses(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 				if how == "other" {
 					go p.a.Close() // if it hangs, so does ProgressFunc: the select says so
-				} else if err := p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+				} else if err := p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 8}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 					t.Fatal(err)
 				}
 				select {
@@ -200,7 +200,7 @@ func TestProgressFuncOwnCompletions(t *testing.T) {
 				dst, _ := p.reg(t, 64, gowarp.LocalWrite|gowarp.RemoteWrite)
 				src, _ := p.reg(t, 64, gowarp.LocalWrite)
 				wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}},
-					RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+					RemoteAddr: dst.Addr(), RKey: dst.STag()}
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				const writes = 200

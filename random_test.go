@@ -116,7 +116,7 @@ func randomServer(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 	var ckey uint32
 	var csize int
 	fmt.Sscanf(string(req.PrivateData()), "%d %d %d", &caddr, &ckey, &csize)
-	pdata := fmt.Appendf(nil, "%d %d", mr.Addr(), uint32(mr.STag()))
+	pdata := fmt.Appendf(nil, "%d %d", mr.Addr(), mr.STag())
 	if err := req.Accept(ctx, qp, gowarp.ConnectOptions{PrivateData: pdata, Extensions: true, SharedMemory: true}); err != nil {
 		return
 	}
@@ -133,7 +133,7 @@ func randomServer(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 		}
 		for k := 0; k < 4 && csize > 0; k++ {
 			n := r.IntN(min(8<<10, csize) + 1)
-			wr := gowarp.SendWR{ID: serverWork, Op: gowarp.OpWrite, RKey: ckey,
+			wr := gowarp.SendWR{ID: serverWork, Op: gowarp.OpWrite, RKey: gowarp.STag(ckey),
 				RemoteAddr: caddr + uint64(r.IntN(csize-n+1)),
 				SGL:        []gowarp.SGE{{MR: mr, Offset: r.IntN(32 << 10), Length: n}}}
 			switch r.IntN(6) {
@@ -190,7 +190,7 @@ func randomClient(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 		}
 	}
 	o := gowarp.ConnectOptions{CRC: r.IntN(2) == 0, Extensions: r.IntN(2) == 0, SharedMemory: r.IntN(2) == 0,
-		PrivateData: fmt.Appendf(nil, "%d %d %d", mr.Addr(), uint32(mr.STag()), size)}
+		PrivateData: fmt.Appendf(nil, "%d %d %d", mr.Addr(), mr.STag(), size)}
 	cctx, c := context.WithTimeout(ctx, 10*time.Second)
 	err = qp.Connect(cctx, addr, o)
 	c()
@@ -259,7 +259,7 @@ func randomClient(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 		return true
 	}
 	for id := uint64(1); id <= uint64(ops); id++ {
-		wr := gowarp.SendWR{ID: id, RemoteAddr: raddr, RKey: rkey}
+		wr := gowarp.SendWR{ID: id, RemoteAddr: raddr, RKey: gowarp.STag(rkey)}
 		off, n := r.IntN(size), r.IntN(16<<10)
 		switch k := r.IntN(8); {
 		case k < 3:
@@ -289,7 +289,7 @@ func randomClient(ctx context.Context, t *testing.T, dev *gowarp.Device, pd *gow
 		case bad(100):
 			wr.SGL[0].MR = nil
 		case bad(100):
-			wr.RKey ^= uint32(1 + r.IntN(1<<20))
+			wr.RKey ^= gowarp.STag(1 + r.IntN(1<<20))
 		case bad(100):
 			wr.RemoteAddr += uint64(r.IntN(1 << 17))
 		case bad(100):
@@ -372,7 +372,7 @@ func TestOverlappingWork(t *testing.T) {
 		for i := range 100 {
 			for k := range 8 {
 				op := []gowarp.WROp{gowarp.OpRead, gowarp.OpWrite}[k%2]
-				wr := gowarp.SendWR{ID: uint64(i), Op: op, Flags: gowarp.Signaled, SGL: sge, RemoteAddr: remote.Addr(), RKey: uint32(remote.STag())}
+				wr := gowarp.SendWR{ID: uint64(i), Op: op, Flags: gowarp.Signaled, SGL: sge, RemoteAddr: remote.Addr(), RKey: remote.STag()}
 				if err := p.a.PostSend(&wr); err != nil {
 					t.Fatal(err)
 				}

@@ -41,8 +41,8 @@ func TestClosedQPHoldsNoMemory(t *testing.T) {
 		p.b.PostRecv(&gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: recv, Length: n}}})
 		p.b.PostRecv(&gowarp.RecvWR{ID: 2, SGL: []gowarp.SGE{{MR: recv, Length: n}}}) // left to be flushed
 		for _, wr := range []gowarp.SendWR{
-			{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
-			{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: sink, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
+			{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()},
+			{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: sink, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()},
 			{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 1000}}},
 		} {
 			wr.Flags = gowarp.Signaled
@@ -102,7 +102,7 @@ func TestLiveQPForgetsDeregistered(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 4096}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+		wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 4096}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}
 		if err := p.a.PostSend(&wr); err != nil {
 			t.Fatal(err)
 		}

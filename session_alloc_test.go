@@ -71,7 +71,7 @@ func TestFailoverHotPathAllocs(t *testing.T) {
 	ctx := context.Background()
 	send := gowarp.SendWR{ID: 1, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 256}}}
 	write := gowarp.SendWR{ID: 2, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 256}},
-		RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+		RemoteAddr: dst.Addr(), RKey: dst.STag()}
 	recv := gowarp.RecvWR{ID: 3, SGL: []gowarp.SGE{{MR: rbuf, Length: 4096}}}
 	var wc [4]gowarp.SessionCompletion
 	take := func(s *gowarp.Session, n int) {

@@ -185,10 +185,10 @@ func (st *stream) run(pd *gowarp.PD) error {
 			} else if posted%4 == 1 {
 				binary.LittleEndian.PutUint64(words.Bytes()[posted*8:], uint64(posted))
 				wr.Op, wr.SGL = gowarp.OpWrite, []gowarp.SGE{{MR: words, Offset: posted * 8, Length: 8}}
-				wr.RemoteAddr, wr.RKey = st.dst.Addr()+uint64(posted*8), uint32(st.dst.STag())
+				wr.RemoteAddr, wr.RKey = st.dst.Addr()+uint64(posted*8), st.dst.STag()
 			} else {
 				wr.Op, wr.SGL = gowarp.OpRead, []gowarp.SGE{{MR: back, Offset: posted * 8, Length: 8}}
-				wr.RemoteAddr, wr.RKey = st.dst.Addr()+uint64((posted-2)*8), uint32(st.dst.STag())
+				wr.RemoteAddr, wr.RKey = st.dst.Addr()+uint64((posted-2)*8), st.dst.STag()
 			}
 			if err := st.s.PostSend(&wr); err != nil {
 				return fmt.Errorf("post %d: %w", posted, err)

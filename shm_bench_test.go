@@ -47,7 +47,7 @@ func benchWriteLat(b *testing.B, o gowarp.ConnectOptions) {
 		}
 	}
 	write := func(qp *gowarp.QP, from, to *gowarp.MR) {
-		wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: from, Length: 8}}, RemoteAddr: to.Addr(), RKey: uint32(to.STag())}
+		wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: from, Length: 8}}, RemoteAddr: to.Addr(), RKey: to.STag()}
 		if err := qp.PostSend(&wr); err != nil {
 			b.Error(err)
 		}
@@ -82,8 +82,8 @@ func BenchmarkSharedMemoryIdle(b *testing.B) {
 			am, _ := p.reg(b, 8, gowarp.RemoteWrite)
 			bm, _ := p.reg(b, 8, gowarp.RemoteWrite)
 			ctx := context.Background()
-			p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: am, Length: 8}}, RemoteAddr: bm.Addr(), RKey: uint32(bm.STag())})
-			p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: bm, Length: 8}}, RemoteAddr: am.Addr(), RKey: uint32(am.STag())})
+			p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: am, Length: 8}}, RemoteAddr: bm.Addr(), RKey: bm.STag()})
+			p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: bm, Length: 8}}, RemoteAddr: am.Addr(), RKey: am.STag()})
 			am.WaitPlaced(ctx, 8)
 			bm.WaitPlaced(ctx, 8)
 			time.Sleep(10 * time.Millisecond) // past the spinning

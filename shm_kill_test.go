@@ -48,7 +48,7 @@ func TestAdapterSharedMemoryChild(t *testing.T) {
 	if err != nil {
 		fail(err)
 	}
-	fmt.Println(ln.Addr(), uint32(mr.STag()), mr.Addr())
+	fmt.Println(ln.Addr(), mr.STag(), mr.Addr())
 	ctx := context.Background()
 	req, err := ln.Accept(ctx)
 	if err != nil {
@@ -68,7 +68,7 @@ func TestAdapterSharedMemoryChild(t *testing.T) {
 	if err != nil {
 		fail(err)
 	}
-	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 64 << 10}}, RemoteAddr: addr, RKey: stag}
+	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 64 << 10}}, RemoteAddr: addr, RKey: gowarp.STag(stag)}
 	var wc [16]gowarp.Completion
 	for i := 0; ; i++ {
 		wr.Flags = 0
@@ -156,7 +156,7 @@ func TestAdapterSharedMemoryKill(t *testing.T) {
 			t.Fatalf("transport %v", p.a.Transport())
 		}
 		src, _ := p.reg(t, 64<<10, 0)
-		wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64 << 10}}, RemoteAddr: base, RKey: stag}
+		wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64 << 10}}, RemoteAddr: base, RKey: gowarp.STag(stag)}
 		posted, completed, flushed := 0, 0, 0
 		var wc [64]gowarp.Completion
 		poll := func() {

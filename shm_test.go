@@ -73,14 +73,14 @@ func shmExchange(t *testing.T, p *pair, max int, sizes []int) {
 	for i, n := range sizes {
 		fillPattern(sbuf[:n], byte(i))
 		sge := []gowarp.SGE{{MR: src, Length: n}}
-		if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: sge, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+		if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: sge, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		if c := wait(t, p.acq); c.Err() != nil || c.Bytes != n {
 			t.Fatalf("write %d: %+v", n, c)
 		}
 		// The Read's response comes after the Write's bytes: they are placed.
-		if err := p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+		if err := p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		if c := wait(t, p.acq); c.Err() != nil || c.Bytes != n {
@@ -117,7 +117,7 @@ func shmExchange(t *testing.T, p *pair, max int, sizes []int) {
 	}
 	clear(dbuf)
 	for i, s := range spans {
-		wr := gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Offset: s.off, Length: s.n}}, RemoteAddr: dst.Addr() + uint64(s.off), RKey: uint32(dst.STag())}
+		wr := gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Offset: s.off, Length: s.n}}, RemoteAddr: dst.Addr() + uint64(s.off), RKey: dst.STag()}
 		if i == len(spans)-1 {
 			wr.Flags = gowarp.Signaled
 		}
@@ -142,7 +142,7 @@ func shmExchange(t *testing.T, p *pair, max int, sizes []int) {
 	}
 	// The last Write's completion came when its bytes were in the ring; a
 	// Read behind them all returns once they are placed.
-	if err := p.a.PostSend(&gowarp.SendWR{ID: 5, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: 1}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+	if err := p.a.PostSend(&gowarp.SendWR{ID: 5, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: 1}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 		t.Fatal(err)
 	}
 	if c := wait(t, p.acq); c.Err() != nil {
@@ -286,7 +286,7 @@ func TestAdapterSharedMemoryPeerCloses(t *testing.T) {
 	dst, dbuf := p.reg(t, n*size, gowarp.RemoteWrite)
 	fillPattern(sbuf, 3)
 	for i := range n {
-		wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr() + uint64(i*size), RKey: uint32(dst.STag())}
+		wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr() + uint64(i*size), RKey: dst.STag()}
 		if err := p.a.PostSend(&wr); err != nil {
 			t.Fatal(err)
 		}
@@ -392,7 +392,7 @@ func TestAdapterSharedMemoryAllocAcked(t *testing.T) {
 	for i := range 200 {
 		fillPattern(sbuf, byte(i))
 		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 		if c := wait(t, p.acq); c.Err() != nil {

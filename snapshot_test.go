@@ -254,7 +254,7 @@ func writePatterns(ctx context.Context, qp *gowarp.QP, cq *gowarp.CQ, src *gowar
 		fillWords(sbuf[off:off], w)
 		wr := &gowarp.SendWR{ID: uint64(w.seq), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
 			SGL:        []gowarp.SGE{{MR: src, Offset: off, Length: w.n}},
-			RemoteAddr: dst.Addr() + uint64(base+w.off), RKey: uint32(dst.STag())}
+			RemoteAddr: dst.Addr() + uint64(base+w.off), RKey: dst.STag()}
 		for {
 			err := qp.PostSend(wr)
 			if err == nil {

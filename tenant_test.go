@@ -119,7 +119,7 @@ func TestTenantIsolation(t *testing.T) {
 	rdma := func(wr gowarp.SendWR, n int) func(qp *gowarp.QP, l, m *gowarp.MR) error {
 		return func(qp *gowarp.QP, l, m *gowarp.MR) error {
 			wr.ID, wr.Flags, wr.SGL = 1, gowarp.Signaled, []gowarp.SGE{{MR: l, Length: n}}
-			wr.RemoteAddr, wr.RKey = m.Addr(), uint32(m.STag())
+			wr.RemoteAddr, wr.RKey = m.Addr(), m.STag()
 			return qp.PostSend(&wr)
 		}
 	}
@@ -133,7 +133,7 @@ func TestTenantIsolation(t *testing.T) {
 		{"Read", wire.ErrRDMAPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpRead}, 32)},
 		{"SendInv", wire.ErrRDMAPCannotInvalidate, func(qp *gowarp.QP, l, m *gowarp.MR) error {
 			return qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpSendInv, Flags: gowarp.Signaled,
-				SGL: []gowarp.SGE{{MR: l, Length: 8}}, InvalidateSTag: uint32(m.STag())})
+				SGL: []gowarp.SGE{{MR: l, Length: 8}}, InvalidateSTag: m.STag()})
 		}},
 		{"FetchAdd", wire.ErrRDMAPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpFetchAdd, CompareAdd: 1}, 8)},
 		{"CmpSwap", wire.ErrRDMAPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
@@ -143,7 +143,7 @@ func TestTenantIsolation(t *testing.T) {
 		{"AtomicWrite", wire.ErrRDMAPInvalidSTag, rdma(gowarp.SendWR{Op: gowarp.OpAtomicWrite, Swap: 1}, 8)},
 		{"Flush", wire.ErrRDMAPInvalidSTag, func(qp *gowarp.QP, l, m *gowarp.MR) error {
 			return qp.PostFlush(&gowarp.FlushWR{ID: 1, Flags: gowarp.Signaled, Type: gowarp.FlushVisibility,
-				RemoteAddr: m.Addr(), RKey: uint32(m.STag())})
+				RemoteAddr: m.Addr(), RKey: m.STag()})
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -27,14 +27,14 @@ func TestScatterGather(t *testing.T) {
 	want := append(append(append([]byte{}, sbuf[0:1000]...), sbuf[5000:5003]...), sbuf[2000:6001]...)
 
 	dst, dbuf := p.reg(t, 6000, gowarp.RemoteWrite|gowarp.RemoteRead)
-	p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: sgl, RemoteAddr: dst.Addr() + 10, RKey: uint32(dst.STag())})
+	p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: sgl, RemoteAddr: dst.Addr() + 10, RKey: dst.STag()})
 	if c := wait(t, p.acq); c.Err() != nil || c.Bytes != len(want) {
 		t.Fatalf("write %+v", c)
 	}
 	// Read it back into three pieces of another region (three Read Requests).
 	back, bbuf := p.reg(t, 6000, gowarp.LocalWrite)
 	rsgl := []gowarp.SGE{{MR: back, Offset: 100, Length: 7}, {MR: back, Offset: 0, Length: 1}, {MR: back, Offset: 200, Length: len(want) - 8}}
-	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: rsgl, RemoteAddr: dst.Addr() + 10, RKey: uint32(dst.STag())})
+	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: rsgl, RemoteAddr: dst.Addr() + 10, RKey: dst.STag()})
 	if c := wait(t, p.acq); c.Err() != nil || c.ID != 2 || c.Bytes != len(want) {
 		t.Fatalf("read %+v", c)
 	}
@@ -78,7 +78,7 @@ func TestUnsignaledAndOrder(t *testing.T) {
 			flags = gowarp.Signaled
 		}
 		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: flags,
-			SGL: []gowarp.SGE{{MR: src, Offset: off, Length: 1 << 16}}, RemoteAddr: dst.Addr() + uint64(off), RKey: uint32(dst.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: src, Offset: off, Length: 1 << 16}}, RemoteAddr: dst.Addr() + uint64(off), RKey: dst.STag()}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -115,15 +115,15 @@ func TestSendInvalidateAndSolicited(t *testing.T) {
 	if c := wait(t, p.bcq); !c.Solicited || c.Bytes != 4 {
 		t.Fatalf("solicited recv %+v", c)
 	}
-	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendInv, InvalidateSTag: uint32(victim.STag()), SGL: []gowarp.SGE{{MR: src, Length: 4}}})
-	if c := wait(t, p.bcq); c.Invalidated != uint32(victim.STag()) || c.Err() != nil {
+	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendInv, InvalidateSTag: victim.STag(), SGL: []gowarp.SGE{{MR: src, Length: 4}}})
+	if c := wait(t, p.bcq); c.Invalidated != victim.STag() || c.Err() != nil {
 		t.Fatalf("recv with invalidate %+v", c)
 	}
 	if victim.Valid() {
 		t.Fatal("STag still valid after Send with Invalidate")
 	}
 	// Writing to the dead STag now fails at the peer.
-	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 4}}, RemoteAddr: victim.Addr(), RKey: uint32(victim.STag())})
+	p.a.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 4}}, RemoteAddr: victim.Addr(), RKey: victim.STag()})
 	waitState(t, p.b, gowarp.StateError)
 	if !errors.Is(p.b.Err(), wire.ErrDDPInvalidSTag) {
 		t.Fatalf("responder error %v", p.b.Err())
@@ -134,7 +134,7 @@ func TestSendInvalidateAndSolicited(t *testing.T) {
 	keep, _ := q.reg(t, 64, gowarp.RemoteWrite)
 	rmr, _ = q.reg(t, 64, gowarp.LocalWrite)
 	q.b.PostRecv(&gowarp.RecvWR{SGL: []gowarp.SGE{{MR: rmr, Length: 64}}})
-	q.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendInv, InvalidateSTag: uint32(keep.STag()), SGL: []gowarp.SGE{{MR: src, Length: 4}}})
+	q.a.PostSend(&gowarp.SendWR{Op: gowarp.OpSendInv, InvalidateSTag: keep.STag(), SGL: []gowarp.SGE{{MR: src, Length: 4}}})
 	waitState(t, q.b, gowarp.StateError)
 	if !errors.Is(q.b.Err(), wire.ErrRDMAPCannotInvalidate) || !keep.Valid() {
 		t.Fatalf("refused invalidate: %v, valid %v", q.b.Err(), keep.Valid())
@@ -209,8 +209,8 @@ func TestConnectVariants(t *testing.T) {
 			}
 			// Both ends are requester and responder at once.
 			buf, _ := pd.Register(make([]byte, 5000), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite)
-			a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: buf, Length: 1000}}, RemoteAddr: buf.Addr() + 2000, RKey: uint32(buf.STag())})
-			b.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: buf, Offset: 4000, Length: 1000}}, RemoteAddr: buf.Addr(), RKey: uint32(buf.STag())})
+			a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: buf, Length: 1000}}, RemoteAddr: buf.Addr() + 2000, RKey: buf.STag()})
+			b.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: buf, Offset: 4000, Length: 1000}}, RemoteAddr: buf.Addr(), RKey: buf.STag()})
 			for range 2 {
 				if c := wait(t, cq); c.Err() != nil {
 					t.Fatalf("completion %+v (%v %v)", c, a.Err(), b.Err())
@@ -317,7 +317,7 @@ func TestSharedCQ(t *testing.T) {
 			t.Fatal(err)
 		}
 		qps[a] = false
-		a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: dst.Addr() + uint64(64*i), RKey: uint32(dst.STag())})
+		a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 64}}, RemoteAddr: dst.Addr() + uint64(64*i), RKey: dst.STag()})
 	}
 	for range k {
 		c := wait(t, cq)
@@ -341,7 +341,7 @@ func TestAbruptCloseReleasesRegions(t *testing.T) {
 			if i%2 == 1 {
 				op = gowarp.OpWrite
 			}
-			p.a.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: local, Length: 1 << 20}}, RemoteAddr: big.Addr(), RKey: uint32(big.STag())})
+			p.a.PostSend(&gowarp.SendWR{Op: op, SGL: []gowarp.SGE{{MR: local, Length: 1 << 20}}, RemoteAddr: big.Addr(), RKey: big.STag()})
 		}
 		time.Sleep(2 * time.Millisecond)
 		p.a.Close()
@@ -377,7 +377,7 @@ func TestOneSTagManyBuffers(t *testing.T) {
 	fillPattern(sbuf, 11)
 	// A peer Writes across every buffer boundary, starting inside the first.
 	p.b.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: src, Offset: 10, Length: total - 10}}, RemoteAddr: many.Addr() + 10, RKey: uint32(many.STag())})
+		SGL: []gowarp.SGE{{MR: src, Offset: 10, Length: total - 10}}, RemoteAddr: many.Addr() + 10, RKey: many.STag()})
 	if c := wait(t, p.bcq); c.Err() != nil {
 		t.Fatalf("write %+v", c)
 	}
@@ -393,7 +393,7 @@ func TestOneSTagManyBuffers(t *testing.T) {
 		clear(b)
 	}
 	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: many, Length: total}}, RemoteAddr: src.Addr(), RKey: uint32(src.STag())})
+		SGL: []gowarp.SGE{{MR: many, Length: total}}, RemoteAddr: src.Addr(), RKey: src.STag()})
 	if c := wait(t, p.acq); c.Err() != nil {
 		t.Fatalf("read %+v", c)
 	}
@@ -401,7 +401,7 @@ func TestOneSTagManyBuffers(t *testing.T) {
 		t.Fatal("Read into the buffers differs")
 	}
 	// And bounds are those of the whole range.
-	p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 2}}, RemoteAddr: many.Addr() + uint64(total) - 1, RKey: uint32(many.STag())})
+	p.b.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: 2}}, RemoteAddr: many.Addr() + uint64(total) - 1, RKey: many.STag()})
 	waitState(t, p.a, gowarp.StateError)
 	if !errors.Is(p.a.Err(), wire.ErrDDPBaseBounds) {
 		t.Fatalf("write past the joined range: %v", p.a.Err())
@@ -468,7 +468,7 @@ func TestORDLimitsReads(t *testing.T) {
 		}
 		off := i * 4096
 		if err := p.a.PostSend(&gowarp.SendWR{ID: uint64(i), Op: op, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: local, Offset: off, Length: 4096}}, RemoteAddr: remote.Addr() + uint64(off), RKey: uint32(remote.STag())}); err != nil {
+			SGL: []gowarp.SGE{{MR: local, Offset: off, Length: 4096}}, RemoteAddr: remote.Addr() + uint64(off), RKey: remote.STag()}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -47,8 +47,8 @@ func TestVeth(t *testing.T) {
 	back, bbuf := p.reg(t, n, gowarp.LocalWrite)
 	recv, rbuf := p.reg(t, n, gowarp.LocalWrite)
 	p.b.PostRecv(&gowarp.RecvWR{ID: 7, SGL: []gowarp.SGE{{MR: recv, Length: n}}})
-	p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
-	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+	p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()})
+	p.a.PostSend(&gowarp.SendWR{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: n}}, RemoteAddr: dst.Addr(), RKey: dst.STag()})
 	p.a.PostSend(&gowarp.SendWR{ID: 3, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: n}}})
 	for _, id := range []uint64{2, 3} {
 		if c := wait(t, p.acq); c.ID != id || c.Err() != nil {
@@ -139,7 +139,7 @@ func TestVethFPDUsFillSegments(t *testing.T) {
 	}
 	fence := func() {
 		t.Helper()
-		p.a.PostSend(&gowarp.SendWR{ID: 99, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: 8}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())})
+		p.a.PostSend(&gowarp.SendWR{ID: 99, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: back, Length: 8}}, RemoteAddr: dst.Addr(), RKey: dst.STag()})
 		if c := wait(t, p.acq); c.ID != 99 || c.Err() != nil {
 			t.Fatalf("completion %+v", c)
 		}
@@ -147,9 +147,9 @@ func TestVethFPDUsFillSegments(t *testing.T) {
 	for _, k := range sizes {
 		sgl := []gowarp.SGE{{MR: src, Length: k}}
 		for _, wr := range []gowarp.SendWR{
-			{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
+			{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: dst.STag()},
 			{Op: gowarp.OpSend, SGL: sgl},
-			{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: back, Length: k}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
+			{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: back, Length: k}}, RemoteAddr: dst.Addr(), RKey: dst.STag()},
 		} {
 			if err := p.a.PostSend(&wr); err != nil {
 				t.Fatal(err)
@@ -249,10 +249,10 @@ func TestLoopbackFPDUsInSegments(t *testing.T) {
 		var wrs []gowarp.SendWR
 		for i := range burst {
 			wrs = append(wrs,
-				gowarp.SendWR{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
+				gowarp.SendWR{Op: gowarp.OpWrite, SGL: sgl, RemoteAddr: dst.Addr(), RKey: dst.STag()},
 				gowarp.SendWR{Op: gowarp.OpSend, SGL: sgl})
 			if i%2 == 0 {
-				wrs = append(wrs, gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: back, Length: k}}, RemoteAddr: rsrc.Addr(), RKey: uint32(rsrc.STag())})
+				wrs = append(wrs, gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: back, Length: k}}, RemoteAddr: rsrc.Addr(), RKey: rsrc.STag()})
 			}
 		}
 		wrs[len(wrs)-1].Flags, wrs[len(wrs)-1].ID = gowarp.Signaled, uint64(k)
@@ -506,7 +506,7 @@ func vethBulk(t *testing.T, o gowarp.ConnectOptions) bulkStats {
 	total := max(mib*16/sig, 1) * sig
 	src, _ := p.reg(t, size, 0)
 	dst, _ := p.reg(t, size, gowarp.RemoteWrite)
-	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())}
+	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: size}}, RemoteAddr: dst.Addr(), RKey: dst.STag()}
 	out := 0
 	for i := range total {
 		wr.Flags = 0

@@ -87,11 +87,12 @@ type SendWR struct {
 	// SGL is the local memory: the data of a Send or Write, the sink of a
 	// Read (several SGEs make several Read Requests, one per SGE).
 	SGL []SGE
-	// RemoteAddr and RKey name the remote memory of a Write or Read.
+	// RemoteAddr and RKey name the remote memory of a Write or Read:
+	// RKey is the STag of the peer's region (its MR.STag).
 	RemoteAddr uint64
-	RKey       uint32
+	RKey       STag
 	// InvalidateSTag is the peer's STag a Send with Invalidate kills.
-	InvalidateSTag uint32
+	InvalidateSTag STag
 	// Imm is the immediate data of OpWriteImm and OpSendImm.
 	Imm uint32
 	// CompareAdd is the addend of OpFetchAdd and the comparand of
@@ -155,7 +156,7 @@ type Completion struct {
 	// Solicited is set on a receive whose Send carried a solicited event.
 	Solicited bool
 	// Invalidated is the local STag a Send with Invalidate killed (receives).
-	Invalidated uint32
+	Invalidated STag
 	// Imm is the immediate data of a receive completed by the peer's
 	// OpWriteImm or OpSendImm, which set WithImm. The Solicited flag of
 	// either sets Solicited.

@@ -454,7 +454,7 @@ func (cc *cliConn) indexLookup(ctx context.Context, s *cslot, key string) (*Entr
 	home := idxHome([]byte(key), int(cc.srv.IdxBuckets))
 	const n = idxProbe * idxBucketLen
 	s.wrs = append(s.wrs[:0], gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		RemoteAddr: cc.srv.IdxAddr + uint64(home)*idxBucketLen, RKey: cc.srv.IdxSTag})
+		RemoteAddr: cc.srv.IdxAddr + uint64(home)*idxBucketLen, RKey: gowarp.STag(cc.srv.IdxSTag)})
 	s.sges = append(s.sges[:0], gowarp.SGE{MR: cc.hdrMR, Offset: s.hdrOff, Length: n})
 	s.wrs[0].SGL = s.sges[:1]
 	for range idxTries {
@@ -1204,10 +1204,10 @@ func (cc *cliConn) readIn(ctx context.Context, s *cslot, e *Entry, dst *gowarp.M
 		// Only the header's Read is signaled: Reads complete in order, and
 		// one that fails completes whatever its flags.
 		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead,
-			RemoteAddr: a.Off + HeaderLen + uint64(lo-pstart), RKey: a.STag})
+			RemoteAddr: a.Off + HeaderLen + uint64(lo-pstart), RKey: gowarp.STag(a.STag)})
 		s.sges = append(s.sges, gowarp.SGE{MR: dst, Offset: dstOff + done, Length: k})
 		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
-			RemoteAddr: a.Off, RKey: a.STag})
+			RemoteAddr: a.Off, RKey: gowarp.STag(a.STag)})
 		s.sges = append(s.sges, gowarp.SGE{MR: cc.hdrMR, Offset: checks[nc-1].hdr, Length: HeaderLen})
 		done += k
 	}
@@ -1264,7 +1264,7 @@ func (cc *cliConn) readSmall(ctx context.Context, s *cslot, e *Entry) ([]byte, e
 	a := e.Addrs[0]
 	off, n := s.i*InlineMax, HeaderLen+int(a.Len)
 	s.wrs = append(s.wrs[:0], gowarp.SendWR{ID: wrRead<<16 | uint64(s.i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		RemoteAddr: a.Off, RKey: a.STag})
+		RemoteAddr: a.Off, RKey: gowarp.STag(a.STag)})
 	s.sges = append(s.sges[:0], gowarp.SGE{MR: cc.bounceMR, Offset: off, Length: n})
 	s.wrs[0].SGL = s.sges[:1]
 	if err := cc.post(s.wrs[0]); err != nil {
@@ -1310,7 +1310,7 @@ func (cc *cliConn) writeAt(ctx context.Context, key string, src *gowarp.MR, srcO
 	pos := srcOff
 	for _, a := range addrs {
 		s.wrs = append(s.wrs, gowarp.SendWR{ID: wrWrite<<16 | uint64(s.i), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			RemoteAddr: a.Off + HeaderLen, RKey: a.STag})
+			RemoteAddr: a.Off + HeaderLen, RKey: gowarp.STag(a.STag)})
 		s.sges = append(s.sges, gowarp.SGE{MR: src, Offset: pos, Length: int(a.Len)})
 		pos += int(a.Len)
 	}
@@ -1327,7 +1327,7 @@ func (cc *cliConn) writeAt(ctx context.Context, key string, src *gowarp.MR, srcO
 		fl = FlagDurable
 		for _, a := range addrs {
 			wr := gowarp.FlushWR{ID: wrFlush<<16 | uint64(s.i), Flags: gowarp.Signaled, Type: gowarp.FlushPersistence,
-				RKey: a.STag, RemoteAddr: a.Off + HeaderLen, Length: uint64(a.Len)}
+				RKey: gowarp.STag(a.STag), RemoteAddr: a.Off + HeaderLen, Length: uint64(a.Len)}
 			if err := cc.qp.PostFlush(&wr); err != nil {
 				cc.fail(err)
 				return cc.lostErr()

@@ -147,7 +147,7 @@ func TestBadInput(t *testing.T) {
 	}
 	// It writes half, then vanishes.
 	src, _ := mid.pd.Register(bytes.Repeat([]byte{0xee}, 64<<10), 0)
-	mid.qp.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: int(r.Addrs[0].Len)}}, RemoteAddr: r.Addrs[0].Off + HeaderLen, RKey: r.Addrs[0].STag})
+	mid.qp.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: src, Length: int(r.Addrs[0].Len)}}, RemoteAddr: r.Addrs[0].Off + HeaderLen, RKey: gowarp.STag(r.Addrs[0].STag)})
 	mid.qp.Close()
 	check()
 
@@ -160,7 +160,7 @@ func TestBadInput(t *testing.T) {
 	for _, a := range []Addr{{STag: lk.Addrs[0].STag ^ 0x55, Off: lk.Addrs[0].Off, Len: 4}, {STag: lk.Addrs[0].STag, Off: lk.Addrs[0].Off + 1<<20, Len: 4}} {
 		forger := dialRaw(t, addr, goodHello())
 		sink, _ := forger.pd.Register(make([]byte, 64), gowarp.LocalWrite)
-		forger.qp.PostSend(&gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: sink, Length: 36}}, RemoteAddr: a.Off, RKey: a.STag})
+		forger.qp.PostSend(&gowarp.SendWR{Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: sink, Length: 36}}, RemoteAddr: a.Off, RKey: gowarp.STag(a.STag)})
 		if _, err := forger.reply(); err == nil {
 			t.Fatalf("a Read through forged address %+v succeeded", a)
 		}

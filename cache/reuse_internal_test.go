@@ -81,7 +81,7 @@ func TestReuseWaitsForReads(t *testing.T) {
 	close(gc.shut)
 	for i := range reads {
 		wr := gowarp.SendWR{ID: uint64(i), Op: gowarp.OpRead, Flags: gowarp.Signaled,
-			RemoteAddr: pa.Off + HeaderLen, RKey: pa.STag,
+			RemoteAddr: pa.Off + HeaderLen, RKey: gowarp.STag(pa.STag),
 			SGL: []gowarp.SGE{{MR: dst, Offset: i * size, Length: size}}}
 		if err := qp.PostSend(&wr); err != nil {
 			t.Fatal(err)

@@ -474,7 +474,7 @@ func (s *store) register(b *block) error {
 		return fmt.Errorf("%w: expose block %d: %w", ErrServer, b.id, err)
 	}
 	b.mr = mr
-	if idx := uint32(mr.STag()) >> 8; idx != b.index {
+	if idx := mr.STag().Index(); idx != b.index {
 		b.index = idx
 		if err := s.saveBlock(b); err != nil {
 			mr.Deregister()

@@ -73,7 +73,7 @@ func serveRaw(t *testing.T) (string, chan *rawServer) {
 func (s *rawServer) read(t *testing.T, h Handle, addr uint64, n int) error {
 	t.Helper()
 	if err := s.qp.PostSend(&gowarp.SendWR{ID: 9, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: s.mr, Length: n}}, RemoteAddr: addr, RKey: h.STag}); err != nil {
+		SGL: []gowarp.SGE{{MR: s.mr, Length: n}}, RemoteAddr: addr, RKey: gowarp.STag(h.STag)}); err != nil {
 		return err
 	}
 	var wc [4]gowarp.Completion

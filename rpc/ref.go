@@ -180,7 +180,7 @@ func (r *Ref) op(kind gowarp.WROp, mr *gowarp.MR, n int, off int64) error {
 	wr := gowarp.SendWR{
 		ID: uint64(r.call.slot)<<8 | uint64(r.idx), Op: kind, Flags: gowarp.Signaled,
 		SGL:        []gowarp.SGE{{MR: mr, Length: n}},
-		RemoteAddr: r.h.Addr + uint64(off), RKey: r.h.STag,
+		RemoteAddr: r.h.Addr + uint64(off), RKey: gowarp.STag(r.h.STag),
 	}
 	if kind == gowarp.OpRead {
 		x.srv.stats.reads.Add(1)

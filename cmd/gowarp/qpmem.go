@@ -320,7 +320,7 @@ func qpmemTraffic(ctx context.Context, cq *gowarp.CQ, p qpmemPair, src *gowarp.M
 	for k, q := range qps {
 		dst := s.dst[1-k]
 		wrs := []gowarp.SendWR{
-			{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: src.Len()}}, RemoteAddr: dst.Addr(), RKey: uint32(dst.STag())},
+			{ID: 1, Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: src.Len()}}, RemoteAddr: dst.Addr(), RKey: dst.STag()},
 			{ID: 2, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: min(64, src.Len())}}},
 		}
 		if _, err := q.PostSendList(wrs); err != nil {

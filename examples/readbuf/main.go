@@ -151,7 +151,7 @@ func read(ctx context.Context, addr string) error {
 		return err
 	}
 	if err := qp.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-		SGL: []gowarp.SGE{{MR: mr, Length: len(buf)}}, RemoteAddr: ad.addr, RKey: ad.stag}); err != nil {
+		SGL: []gowarp.SGE{{MR: mr, Length: len(buf)}}, RemoteAddr: ad.addr, RKey: gowarp.STag(ad.stag)}); err != nil {
 		return err
 	}
 	var wc [1]gowarp.Completion

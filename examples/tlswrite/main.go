@@ -184,8 +184,8 @@ func write(ctx context.Context, host, port, caFile, text string) error {
 	copy(buf, text)
 	binary.BigEndian.PutUint64(buf[2*n:], uint64(n))
 	wrs := []gowarp.SendWR{
-		{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: n}}, RemoteAddr: raddr, RKey: rkey},
-		{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: mr, Offset: n, Length: n}}, RemoteAddr: raddr, RKey: rkey},
+		{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: n}}, RemoteAddr: raddr, RKey: gowarp.STag(rkey)},
+		{ID: 2, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: mr, Offset: n, Length: n}}, RemoteAddr: raddr, RKey: gowarp.STag(rkey)},
 		{ID: 3, Op: gowarp.OpSend, Flags: gowarp.Signaled | gowarp.Fence, SGL: []gowarp.SGE{{MR: mr, Offset: 2 * n, Length: 8}}},
 	}
 	if _, err := qp.PostSendList(wrs); err != nil {

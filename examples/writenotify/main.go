@@ -163,7 +163,7 @@ func write(ctx context.Context, addr string, data []byte) error {
 	put(buf[len(data):], sinkAddr+at, uint32(len(data)))
 	// Write unsignaled, then the Send: one doorbell, one completion.
 	wrs := []gowarp.SendWR{
-		{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: len(data)}}, RemoteAddr: sinkAddr + at, RKey: stag},
+		{ID: 1, Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: mr, Length: len(data)}}, RemoteAddr: sinkAddr + at, RKey: gowarp.STag(stag)},
 		{ID: 2, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: mr, Offset: len(data), Length: 12}}},
 	}
 	if _, err := qp.PostSendList(wrs); err != nil {

@@ -209,7 +209,7 @@ func (r *clientRun) bandwidth(ctx context.Context) (Result, error) {
 	o := r.o
 	depth := uint64(o.depth())
 	every := uint64(o.signalEvery())
-	wr := gowarp.SendWR{SGL: []gowarp.SGE{{MR: r.mr, Length: o.Size}}, RemoteAddr: r.rep.bufAddr, RKey: r.rep.bufSTag}
+	wr := gowarp.SendWR{SGL: []gowarp.SGE{{MR: r.mr, Length: o.Size}}, RemoteAddr: r.rep.bufAddr, RKey: gowarp.STag(r.rep.bufSTag)}
 	switch r.test {
 	case WriteBW:
 		wr.Op = gowarp.OpWrite
@@ -219,7 +219,7 @@ func (r *clientRun) bandwidth(ctx context.Context) (Result, error) {
 		wr.Op = gowarp.OpSend
 		wr.RemoteAddr, wr.RKey = 0, 0
 	}
-	flush := gowarp.SendWR{ID: flushID, Op: gowarp.OpRead, Flags: gowarp.Signaled, RemoteAddr: r.rep.bufAddr, RKey: r.rep.bufSTag}
+	flush := gowarp.SendWR{ID: flushID, Op: gowarp.OpRead, Flags: gowarp.Signaled, RemoteAddr: r.rep.bufAddr, RKey: gowarp.STag(r.rep.bufSTag)}
 	// send_bw may Send only into receives the server has posted: those it
 	// posted first, plus a batch per credit Write.
 	credits := func() uint64 { return ^uint64(0) }
@@ -319,7 +319,7 @@ func (r *clientRun) writeLat(ctx context.Context) (Result, error) {
 	o := r.o
 	size := uint64(o.Size)
 	wr := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: r.mr, Length: o.Size}},
-		RemoteAddr: r.rep.bufAddr, RKey: r.rep.bufSTag}
+		RemoteAddr: r.rep.bufAddr, RKey: gowarp.STag(r.rep.bufSTag)}
 	samples := newSamples(o)
 	var want uint64 // the region is new, and the server Writes only in answer
 	start := time.Now()
@@ -374,7 +374,7 @@ func lap(o *Options, samples *[]int64, start time.Time, t0 *time.Time) bool {
 func (r *clientRun) readLat(ctx context.Context) (Result, error) {
 	o := r.o
 	wr := gowarp.SendWR{ID: 1, Op: gowarp.OpRead, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: r.mr, Length: o.Size}},
-		RemoteAddr: r.rep.bufAddr, RKey: r.rep.bufSTag}
+		RemoteAddr: r.rep.bufAddr, RKey: gowarp.STag(r.rep.bufSTag)}
 	w := waiter{ctx: ctx, cq: r.cq, poll: o.Poll}
 	var wc [4]gowarp.Completion
 	samples := newSamples(o)

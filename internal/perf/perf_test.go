@@ -356,7 +356,7 @@ func vanishMidway(ctx context.Context, dev *gowarp.Device, addr string, test Tes
 	if err != nil {
 		return err
 	}
-	wr := gowarp.SendWR{SGL: []gowarp.SGE{{MR: mr, Length: size}}, RemoteAddr: rep.bufAddr, RKey: rep.bufSTag}
+	wr := gowarp.SendWR{SGL: []gowarp.SGE{{MR: mr, Length: size}}, RemoteAddr: rep.bufAddr, RKey: gowarp.STag(rep.bufSTag)}
 	switch test {
 	case ReadBW:
 		wr.Op = gowarp.OpRead

@@ -313,7 +313,7 @@ func (ss *serverSession) run(ctx context.Context) error {
 // per batch of reposted receives.
 func (ss *serverSession) sendBW(ctx context.Context, w *waiter) error {
 	credit := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: ss.credit, Length: 8}},
-		RemoteAddr: ss.req.creditAddr, RKey: ss.req.creditSTag}
+		RemoteAddr: ss.req.creditAddr, RKey: gowarp.STag(ss.req.creditSTag)}
 	reposted, owed := 0, 0
 	return ss.onReceives(w, 64, func() error {
 		if reposted++; reposted%ss.batch == 0 {
@@ -405,7 +405,7 @@ func (ss *serverSession) onReceives(w *waiter, burst int, each, batch func() err
 func (ss *serverSession) writeLat(ctx context.Context) error {
 	size := uint64(ss.req.size)
 	write := gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: ss.mr, Length: int(size)}},
-		RemoteAddr: ss.req.bufAddr, RKey: ss.req.bufSTag}
+		RemoteAddr: ss.req.bufAddr, RKey: gowarp.STag(ss.req.bufSTag)}
 	// The region is new: its count starts at 0. (Reading it here instead
 	// would race with the client's first Write, which may land as soon as
 	// the connection is accepted.)

@@ -294,7 +294,7 @@ func (f *fakeServer) data(ctx context.Context, pd *gowarp.PD, buf *gowarp.MR) er
 				binary.LittleEndian.PutUint32(ctrl, uint32(f.received))
 				f.credits = append(f.credits, uint32(f.received))
 				if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{MR: cmr, Length: 4}},
-					RemoteAddr: cd.VAddr, RKey: cd.RKey}); err != nil {
+					RemoteAddr: cd.VAddr, RKey: gowarp.STag(cd.RKey)}); err != nil {
 					return err
 				}
 			}

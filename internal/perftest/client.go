@@ -296,7 +296,7 @@ func (d *data) traffic(ctx context.Context, o *Options, srv *Dest, rep *Report) 
 	t0 := time.Now()
 	now := func() int64 { return int64(time.Since(t0)) }
 	sge := []gowarp.SGE{{MR: d.buf, Length: o.Size}}
-	wr := gowarp.SendWR{Flags: gowarp.Signaled, SGL: sge, RemoteAddr: srv.VAddr, RKey: srv.RKey}
+	wr := gowarp.SendWR{Flags: gowarp.Signaled, SGL: sge, RemoteAddr: srv.VAddr, RKey: gowarp.STag(srv.RKey)}
 	switch o.Test {
 	case WriteBW:
 		wr.Op = gowarp.OpWrite

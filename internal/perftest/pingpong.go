@@ -38,7 +38,7 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 	out := d.buf.Bytes()[:size]
 	in := d.buf.Bytes()[size : 2*size]
 	wr := gowarp.SendWR{Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: d.buf, Length: size}},
-		RemoteAddr: peer.VAddr, RKey: peer.RKey}
+		RemoteAddr: peer.VAddr, RKey: gowarp.STag(peer.RKey)}
 	first := !server // who posts before receiving
 	switch o.Test {
 	case WriteLat:
@@ -196,7 +196,7 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 			binary.LittleEndian.PutUint32(wordBytes(slots[i:i+1]), uint32(rc))
 			if err := d.qp.PostSend(&gowarp.SendWR{ID: uint64(rc), Op: gowarp.OpWrite, Flags: gowarp.Signaled,
 				SGL:        []gowarp.SGE{{MR: smr, Offset: 4 * i, Length: 4}},
-				RemoteAddr: client.VAddr, RKey: client.RKey}); err != nil {
+				RemoteAddr: client.VAddr, RKey: gowarp.STag(client.RKey)}); err != nil {
 				return fmt.Errorf("credit Write: %w", err)
 			}
 			writes++

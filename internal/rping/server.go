@@ -122,7 +122,7 @@ func serve(ctx context.Context, c *conn, buf *gowarp.MR, o ServerOptions) (Resul
 			return r, fmt.Errorf("rping: client advertises %d bytes, at most %d", src.Size, buf.Len())
 		}
 		if err := c.qp.PostSend(&gowarp.SendWR{ID: 3, Op: gowarp.OpRead, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: buf, Length: int(src.Size)}}, RemoteAddr: src.Buf, RKey: src.RKey}); err != nil {
+			SGL: []gowarp.SGE{{MR: buf, Length: int(src.Size)}}, RemoteAddr: src.Buf, RKey: gowarp.STag(src.RKey)}); err != nil {
 			return r, err
 		}
 		if _, err := c.wait(ctx, gowarp.CompRead); err != nil {
@@ -145,7 +145,7 @@ func serve(ctx context.Context, c *conn, buf *gowarp.MR, o ServerOptions) (Resul
 			return r, fmt.Errorf("rping: client's sink of %d bytes cannot take the %d bytes read", sink.Size, n)
 		}
 		if err := c.qp.PostSend(&gowarp.SendWR{ID: 4, Op: gowarp.OpWrite, Flags: gowarp.Signaled,
-			SGL: []gowarp.SGE{{MR: buf, Length: n}}, RemoteAddr: sink.Buf, RKey: sink.RKey}); err != nil {
+			SGL: []gowarp.SGE{{MR: buf, Length: n}}, RemoteAddr: sink.Buf, RKey: gowarp.STag(sink.RKey)}); err != nil {
 			return r, err
 		}
 		if _, err := c.wait(ctx, gowarp.CompWrite); err != nil {
