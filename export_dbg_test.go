@@ -63,3 +63,17 @@ func SessionPathsDown(s *Session) bool {
 	}
 	return true
 }
+
+// SessionProbes returns the heartbeat probes s has sent on each path's
+// current connection.
+func SessionProbes(s *Session) []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := make([]uint64, len(s.conns))
+	for i, c := range s.conns {
+		if c != nil {
+			n[i] = c.probes
+		}
+	}
+	return n
+}

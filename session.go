@@ -57,10 +57,12 @@ type SessionConfig struct {
 	// how long the session may have no connection, before the session
 	// fails with ErrSessionTimeout (default 10 s).
 	Deadline time.Duration
-	// HeartbeatInterval is how often the session probes each of its
-	// connections (default 100 ms); a probe unanswered for
-	// HeartbeatTimeout (default 1 s) ends the connection and fails its
-	// work over to another.
+	// HeartbeatInterval is how often the session looks at each of its
+	// connections (default 100 ms). A connection the peer has sent
+	// nothing on for HeartbeatTimeout (default 1 s) ends, and its work
+	// fails over to another; one quiet for a quarter of that (at least
+	// HeartbeatInterval) is probed, and the peer answers. Traffic is
+	// proof enough: a busy connection is not probed.
 	HeartbeatInterval, HeartbeatTimeout time.Duration
 	// Connect is used for every connection of the session. Its
 	// PrivateData and Extensions are the session's own (Writes travel as
@@ -186,13 +188,16 @@ var errPeerClosed = fmt.Errorf("%w by the peer", ErrSessionClosed)
 // Work that cannot be delivered within SessionConfig.Deadline completes
 // with ErrSessionTimeout. Its methods are safe for concurrent use.
 type Session struct {
-	pd        *PD
-	cfg       SessionConfig
-	id        uint64
-	tag       uint32
-	initiator bool
-	paths     []string // the initiator's dial addresses, by path (under mu)
-	log       *slog.Logger
+	pd  *PD
+	cfg SessionConfig
+	// probeAfter is how long a connection stays quiet before it is
+	// probed (see SessionConfig.HeartbeatInterval).
+	probeAfter time.Duration
+	id         uint64
+	tag        uint32
+	initiator  bool
+	paths      []string // the initiator's dial addresses, by path (under mu)
+	log        *slog.Logger
 
 	peerWindow uint64
 	peerMax    int
@@ -281,11 +286,16 @@ type sconn struct {
 	ctlBusy  [ctlSlots]bool
 	ackNext  int
 	pingOut  bool
-	pingAt   int64
-	pingSeq  uint64
-	pongDue  bool
-	pongSeq  uint64
-	released bool
+	// rx counts the messages taken in on it, rxSeen what the last
+	// heartbeat saw, heardAt when that changed (or it joined): the peer
+	// was heard from then.
+	rx, rxSeen uint64
+	heardAt    int64
+	probes     uint64 // probes sent on it (for tests)
+	pingSeq    uint64
+	pongDue    bool
+	pongSeq    uint64
+	released   bool
 }
 
 var sessionEpoch = time.Now()
@@ -294,7 +304,7 @@ func now() int64 { return int64(time.Since(sessionEpoch)) }
 
 func newSession(pd *PD, cfg SessionConfig, id uint64, initiator bool) (*Session, error) {
 	cfg.defaults(pd.dev)
-	s := &Session{pd: pd, cfg: cfg, id: id, tag: uint32(id), initiator: initiator, log: cfg.Logger,
+	s := &Session{pd: pd, cfg: cfg, probeAfter: max(cfg.HeartbeatInterval, cfg.HeartbeatTimeout/4), id: id, tag: uint32(id), initiator: initiator, log: cfg.Logger,
 		cq: pd.dev.NewCQ(4 * (cfg.SendDepth + cfg.RecvDepth + 8*cfg.Window + 64)), joins: make(chan *sconn, 8),
 		done: make(chan struct{}), byQP: map[*QP]*sconn{},
 		ring: make([]sendEntry, cfg.SendDepth), pend: make([]rxMsg, cfg.Window+1),
@@ -565,6 +575,7 @@ func (s *Session) addConn(c *sconn) {
 	}
 	s.conns[c.path] = c
 	s.byQP[c.qp] = c
+	c.heardAt = now()
 	if s.tx == nil {
 		s.tx = c
 		s.posted = s.head // resend what is not acknowledged
@@ -686,6 +697,7 @@ func (s *Session) handle(wc *Completion) {
 
 // received handles a message the peer sent on c into receive slot.
 func (s *Session) received(c *sconn, slot int, wc *Completion) {
+	c.rx++
 	if wc.WithImm { // a Write: its sequence number rides in Imm
 		seq := s.rcvd + 1 + uint64(int64(int32(wc.Imm-uint32(s.rcvd+1))))
 		s.accept(c, slot, seq, 0, true)
@@ -846,14 +858,19 @@ func (s *Session) heartbeat() {
 		if c == nil || c.dead {
 			continue
 		}
+		if c.rx != c.rxSeen {
+			c.rxSeen, c.heardAt = c.rx, t
+		}
+		quiet := time.Duration(t - c.heardAt)
 		switch {
-		case c.pingOut && time.Duration(t-c.pingAt) > s.cfg.HeartbeatTimeout:
+		case quiet > s.cfg.HeartbeatTimeout:
 			s.dead(c, "heartbeat unanswered")
 			continue
-		case !c.pingOut && !c.ctlBusy[pingSlot]:
+		case !c.pingOut && !c.ctlBusy[pingSlot] && quiet >= s.probeAfter:
 			c.pingSeq++
 			if s.ctl(c, pingSlot, failover.Ping, c.pingSeq) {
-				c.pingOut, c.pingAt = true, t
+				c.pingOut = true
+				c.probes++
 			}
 		}
 		up++

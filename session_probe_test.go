@@ -1,0 +1,70 @@
+package gowarp_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gowarp/gowarp"
+)
+
+// TestSessionProbes: a session probes a connection only when the peer has
+// been quiet on it for a quarter of the heartbeat timeout. Idle, each side
+// sends at most one probe per path per quarter, and some (a dead path
+// must still be found); a path the peer streams on is not probed at all.
+// Before, each side probed every path at every heartbeat, busy or not:
+// 500 idle sessions between two processes took about half a CPU on
+// each side.
+func TestSessionProbes(t *testing.T) {
+	cfg := testSessionConfig()
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 20*time.Millisecond, 400*time.Millisecond // probes after 100 ms quiet
+	cli, srv, pd := loopSessionWith(t, cfg, cfg)
+	waitFor(t, "both paths up on both sides", func() bool {
+		return cli.Stats().Conns == 2 && srv.Stats().Conns == 2
+	})
+	total := func(s *gowarp.Session) (n uint64) {
+		for _, p := range gowarp.SessionProbes(s) {
+			n += p
+		}
+		return n
+	}
+	c0, s0 := total(cli), total(srv)
+	time.Sleep(time.Second)
+	dc, ds := total(cli)-c0, total(srv)-s0
+	// Two paths, a probe each per 100 ms at most, and one more at the edges.
+	if dc > 22 || ds > 22 {
+		t.Errorf("idle for 1 s: %d and %d probes, want at most 22 a side", dc, ds)
+	}
+	if dc+ds == 0 {
+		t.Error("idle for 1 s: no probe at all")
+	}
+	t.Logf("idle for 1 s: %d and %d probes", dc, ds)
+
+	// Streams both ways at 1000 posts a second for 2 s: each side hears
+	// the other's Sends and Writes on the path the other sends on.
+	dstC, _ := pd.Register(make([]byte, 2000*8), gowarp.LocalWrite|gowarp.RemoteWrite|gowarp.RemoteRead)
+	dstS, _ := pd.Register(make([]byte, 2000*8), gowarp.LocalWrite|gowarp.RemoteWrite|gowarp.RemoteRead)
+	up := &stream{s: cli, count: 2000, size: 64, depth: 16, dst: dstS, peerCount: 2000, rate: 1000}
+	down := &stream{s: srv, count: 2000, size: 64, depth: 16, dst: dstC, peerCount: 2000, rate: 1000}
+	errs := make(chan error, 2)
+	go func() { errs <- up.run(pd) }()
+	go func() { errs <- down.run(pd) }()
+	time.Sleep(500 * time.Millisecond)
+	cp, sp := cli.Stats().TxPath, srv.Stats().TxPath
+	c1, s1 := gowarp.SessionProbes(cli), gowarp.SessionProbes(srv)
+	time.Sleep(time.Second)
+	c2, s2 := gowarp.SessionProbes(cli), gowarp.SessionProbes(srv)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cp < 0 || sp < 0 || cli.Stats().Failovers+srv.Stats().Failovers > 0 {
+		t.Fatalf("paths %d and %d, %d and %d fail-overs: the streams did not stay on one path each", cp, sp, cli.Stats().Failovers, srv.Stats().Failovers)
+	}
+	if d := c2[sp] - c1[sp]; d > 0 {
+		t.Errorf("the client probed path %d, which the server streams on, %d times in 1 s", sp, d)
+	}
+	if d := s2[cp] - s1[cp]; d > 0 {
+		t.Errorf("the server probed path %d, which the client streams on, %d times in 1 s", cp, d)
+	}
+}
