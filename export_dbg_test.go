@@ -64,7 +64,7 @@ func SessionPathsDown(s *Session) bool {
 	return true
 }
 
-// SessionProbes returns the heartbeat probes s has sent on each path's
+// SessionProbes returns the heartbeat probes s has tried on each path's
 // current connection.
 func SessionProbes(s *Session) []uint64 {
 	s.mu.Lock()
@@ -72,7 +72,7 @@ func SessionProbes(s *Session) []uint64 {
 	n := make([]uint64, len(s.conns))
 	for i, c := range s.conns {
 		if c != nil {
-			n[i] = c.probes
+			n[i] = c.pingSeq
 		}
 	}
 	return n

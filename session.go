@@ -214,6 +214,7 @@ type Session struct {
 	conns  []*sconn       // by path; nil or dead when down
 	byQP   map[*QP]*sconn // every connection not yet released
 	gen    uint64         // progress calls (see dead)
+	dying  bool           // a dead connection may wait in byQP for its release
 	tx     *sconn         // the connection this side sends on
 	downAt time.Time      // since when no connection was up
 	stats  SessionStats   // Failovers, Resent, Duplicates, Joins (Conns, TxPath: Stats derives them)
@@ -291,8 +292,7 @@ type sconn struct {
 	// was heard from then.
 	rx, rxSeen uint64
 	heardAt    int64
-	probes     uint64 // probes sent on it (for tests)
-	pingSeq    uint64
+	pingSeq    uint64 // the last probe's number: probes tried on it
 	pongDue    bool
 	pongSeq    uint64
 	released   bool
@@ -652,10 +652,16 @@ func (s *Session) progress() {
 	}
 	s.complete()
 	s.pump()
-	for _, c := range s.byQP {
-		if c.dead && c.deadGen < s.gen {
-			// Dead before this call's polls: all it pushed is taken.
-			s.maybeRelease(c)
+	if s.dying {
+		s.dying = false
+		for _, c := range s.byQP {
+			if c.dead && c.deadGen < s.gen {
+				// Dead before this call's polls: all it pushed is taken.
+				s.maybeRelease(c)
+			}
+			if c.dead && !c.released {
+				s.dying = true
+			}
 		}
 	}
 }
@@ -870,7 +876,6 @@ func (s *Session) heartbeat() {
 			c.pingSeq++
 			if s.ctl(c, pingSlot, failover.Ping, c.pingSeq) {
 				c.pingOut = true
-				c.probes++
 			}
 		}
 		up++
@@ -890,7 +895,7 @@ func (s *Session) dead(c *sconn, why string) {
 	if c.dead {
 		return
 	}
-	c.dead, c.deadGen = true, s.gen
+	c.dead, c.deadGen, s.dying = true, s.gen, true
 	c.qp.Close()
 	if s.ackTo == c {
 		s.ackTo = nil

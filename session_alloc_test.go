@@ -144,13 +144,8 @@ func TestFailoverPeerGone(t *testing.T) {
 	t.Run("closed, its message lost", func(t *testing.T) {
 		// The connections are cut before the peer closes: its Close
 		// reaches no one, and the rejoin is refused as closed.
-		var proxies []*cutProxy
 		cfg := gowarp.SessionConfig{Deadline: time.Minute}
-		cli, srv, pd := loopSessionVia(t, cfg, cfg, func(addr string) string {
-			p := newCutProxy(t, addr)
-			proxies = append(proxies, p)
-			return p.addr
-		})
+		cli, srv, pd, proxies := proxiedSession(t, cfg)
 		src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
 		for _, p := range proxies {
 			p.cut(false, "")
@@ -164,13 +159,8 @@ func TestFailoverPeerGone(t *testing.T) {
 	t.Run("lost", func(t *testing.T) {
 		// The peer restarts: its connections are cut, and the paths
 		// dialed again reach a listener that never knew the session.
-		var proxies []*cutProxy
 		cfg := gowarp.SessionConfig{Deadline: time.Minute}
-		cli, _, pd := loopSessionVia(t, cfg, cfg, func(addr string) string {
-			p := newCutProxy(t, addr)
-			proxies = append(proxies, p)
-			return p.addr
-		})
+		cli, _, pd, proxies := proxiedSession(t, cfg)
 		src, _ := pd.Register(make([]byte, 64), gowarp.LocalWrite)
 		dev2 := gowarp.Open()
 		var lns []*gowarp.Listener
@@ -188,6 +178,18 @@ func TestFailoverPeerGone(t *testing.T) {
 		}
 		check(t, cli, src, gowarp.ErrSessionLost)
 	})
+}
+
+// proxiedSession is loopSession with cfg on both sides, each of its
+// paths relayed by a cutProxy of its own.
+func proxiedSession(t testing.TB, cfg gowarp.SessionConfig) (cli, srv *gowarp.Session, pd *gowarp.PD, proxies []*cutProxy) {
+	t.Helper()
+	cli, srv, pd = loopSessionVia(t, cfg, cfg, func(addr string) string {
+		p := newCutProxy(t, addr)
+		proxies = append(proxies, p)
+		return p.addr
+	})
+	return cli, srv, pd, proxies
 }
 
 // cutProxy relays TCP connections to a backend until cut: cut resets
