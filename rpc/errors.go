@@ -29,6 +29,9 @@ var (
 	ErrInternal = errors.New("rpc: handler panicked")
 	// ErrApplication: the handler returned an error.
 	ErrApplication = errors.New("rpc: handler error")
+	// ErrHeapFull: Client.Alloc found no free run of the size asked for
+	// in the session heap (Options.HeapSize); a Free makes room.
+	ErrHeapFull = errors.New("rpc: session heap full")
 	// ErrSessionClosed: the session ended (closed, or its peer died)
 	// while the call was outstanding or before it started.
 	ErrSessionClosed = errors.New("rpc: session closed")

@@ -26,6 +26,9 @@ func (h *heap) init(size int) {
 }
 
 func (h *heap) alloc(n int) (int, bool) {
+	if n > len(h.mem) {
+		return 0, false // and n+heapAlign-1 cannot overflow below
+	}
 	n = (n + heapAlign - 1) &^ (heapAlign - 1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -71,14 +74,15 @@ type Buffer struct {
 	freed atomic.Bool
 }
 
-// Alloc lends n bytes of the session heap.
+// Alloc lends n bytes of the session heap, or fails with ErrHeapFull
+// when no free run of the heap holds them.
 func (c *Client) Alloc(n int) (*Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("rpc: alloc of %d bytes", n)
 	}
 	off, ok := c.heap.alloc(n)
 	if !ok {
-		return nil, fmt.Errorf("rpc: session heap of %d bytes has no room for %d", len(c.heap.mem), n)
+		return nil, fmt.Errorf("%w: %d bytes, none free for %d", ErrHeapFull, len(c.heap.mem), n)
 	}
 	return &Buffer{c: c, off: off, data: c.heap.mem[off : off+n : off+n]}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"fmt"
 	"io"
 	"log/slog"
@@ -268,6 +269,33 @@ func TestRefReadWrite(t *testing.T) {
 	// Without the right to write, the server cannot.
 	if err := cl.Do(ctx, &Call{Method: "upper", Refs: []Span{src.All(), dst.All()}}); !errors.Is(err, ErrApplication) || !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("write to a read-only span: %v", err)
+	}
+}
+
+// TestAllocHeapFull: a heap with no room says so with ErrHeapFull, a
+// size no heap can hold (math.MaxInt, whose rounding would overflow)
+// among them, and a Free makes room again.
+func TestAllocHeapFull(t *testing.T) {
+	_, cl, _ := pair(t, Options{HeapSize: 1 << 20})
+	for _, n := range []int{1<<20 + 1, math.MaxInt, math.MaxInt - 10} {
+		if b, err := cl.Alloc(n); !errors.Is(err, ErrHeapFull) {
+			t.Fatalf("Alloc(%d) of a 1 MiB heap: %v, %v", n, b, err)
+		}
+	}
+	a, err := cl.Alloc(1<<20 - 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Alloc(100); !errors.Is(err, ErrHeapFull) {
+		t.Fatalf("Alloc past a full heap: %v", err)
+	}
+	a.Free()
+	b, err := cl.Alloc(1 << 20)
+	if err != nil {
+		t.Fatalf("Alloc of the whole heap after Free: %v", err)
+	}
+	if len(b.Bytes()) != 1<<20 {
+		t.Fatalf("buffer of %d bytes", len(b.Bytes()))
 	}
 }
 
