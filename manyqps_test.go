@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,7 +25,7 @@ import (
 // hold as N grows (issue 7, defect 8). cpu-ns/op is the process's CPU time
 // (both sides) per operation.
 func BenchmarkManyQPs(b *testing.B) {
-	for _, n := range []int{1, 16, 64, 256} {
+	for _, n := range benchNs([]int{1, 16, 64, 256}) {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { benchManyQPs(b, n, gowarp.ConnectOptions{}) })
 	}
 }
@@ -320,7 +323,7 @@ func benchManyQPsShared(b *testing.B, n int) {
 // the answer is read). Each message is one write(2); both sides read
 // through a 64 KiB buffer, as gowarp's receive path does.
 func BenchmarkManyTCP(b *testing.B) {
-	for _, n := range []int{1, 16, 64, 256} {
+	for _, n := range benchNs([]int{1, 16, 64, 256}) {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) { benchManyTCP(b, n) })
 	}
 }
@@ -420,4 +423,15 @@ func benchManyTCP(b *testing.B, n int) {
 	// Warm-up, untimed, as BenchmarkManyQPs's: the sockets' buffers and
 	// the heap grow to their steady size before the timer starts.
 	measureMany(b, 16*depth*n, &left, &failed, run)
+}
+
+func benchNs(d []int) []int {
+	if v := os.Getenv("GOWARP_BENCH_N"); v != "" {
+		d = nil
+		for _, f := range strings.Split(v, ",") {
+			n, _ := strconv.Atoi(f)
+			d = append(d, n)
+		}
+	}
+	return d
 }
