@@ -425,13 +425,19 @@ func benchManyTCP(b *testing.B, n int) {
 	measureMany(b, 16*depth*n, &left, &failed, run)
 }
 
+// benchNs returns the queue pair counts BenchmarkManyQPs and
+// BenchmarkManyTCP run: d, or those GOWARP_BENCH_N lists (comma
+// separated), to find where a rate turns without editing the test.
 func benchNs(d []int) []int {
-	if v := os.Getenv("GOWARP_BENCH_N"); v != "" {
-		d = nil
-		for _, f := range strings.Split(v, ",") {
-			n, _ := strconv.Atoi(f)
-			d = append(d, n)
+	v := os.Getenv("GOWARP_BENCH_N")
+	if v == "" {
+		return d
+	}
+	var ns []int
+	for _, f := range strings.Split(v, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
+			ns = append(ns, n)
 		}
 	}
-	return d
+	return ns
 }
