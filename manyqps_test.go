@@ -32,14 +32,14 @@ func BenchmarkManyQPs(b *testing.B) {
 
 // BenchmarkManyQPsBusyPoll is BenchmarkManyQPs with a 10 µs busy poll on
 // every queue pair (ConnectOptions.BusyPoll). On the 2-CPU VM this was
-// measured on, N=256 lost 10-17 % of N=64's rate, about half of it to
-// more CPU per operation and half to idle CPU (6-10 % against plain TCP's
-// 1-4 %, vmstat): the Go runtime woke a thread for
-// an idle P and Linux queued it on the busy CPU, where it waited 1-4 ms
-// (perf sched: p90 1.3 ms, p99 3.9 ms for wake-ups aimed at a busy CPU,
-// 1 µs at an idle one). A waiter that yields and reads again instead of
-// parking wakes no thread; the busy poll buys that with CPU where the
-// peer is slow to answer, hence off by default (see README).
+// measured on, N=256 lost 19-20 % of the best count's rate without it,
+// as plain TCP did (BenchmarkManyTCP), most of it to idle CPU (11-12 %
+// for both): a P that runs dry while another thread polls the network
+// parks its thread (the runtime's sched.pollingNet), and Linux queued the
+// woken thread on the busy CPU, where it waited up to a 4 ms tick (see
+// README). A waiter that yields and reads again instead of parking keeps
+// its P busy; the busy poll buys that with CPU where the peer is slow to
+// answer, hence off by default.
 func BenchmarkManyQPsBusyPoll(b *testing.B) {
 	for _, n := range []int{16, 64, 256} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
