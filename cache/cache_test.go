@@ -218,3 +218,44 @@ func TestReadAtWriteAt(t *testing.T) {
 		t.Fatalf("ReadAt of a missing key: %v", err)
 	}
 }
+
+// TestServerGone: once the server is gone, every call fails at once with
+// ErrUnavailable (whether it meets the lost connection or the refused
+// dial after it), and so does a new Dial; none waits for its context.
+func TestServerGone(t *testing.T) {
+	addr, _, stop := startServer(t, cache.ServerOptions{BlockSize: 128 << 10})
+	c := dial(t, addr, cache.ClientOptions{Conns: 2})
+	ctx := ctxT(t)
+	if err := c.Put(ctx, "k", value(1, 5000), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dst, err := c.PD().Register(make([]byte, 5000), gowarp.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	calls := map[string]func(context.Context) error{
+		"Get":    func(ctx context.Context) error { _, err := c.Get(ctx, "k"); return err },
+		"Put":    func(ctx context.Context) error { return c.Put(ctx, "k", value(2, 100), cache.PutOptions{}) },
+		"Delete": func(ctx context.Context) error { return c.Delete(ctx, "k") },
+		"Lookup": func(ctx context.Context) error { _, err := c.Lookup(ctx, "k"); return err },
+		"ReadAt": func(ctx context.Context) error { _, err := c.ReadAt(ctx, "k", dst, 0, 5000, 0); return err },
+		"Dial": func(ctx context.Context) error {
+			c2, err := cache.Dial(ctx, addr, cache.ClientOptions{Logger: quiet, Device: gowarp.Open(gowarp.WithLogger(quiet))})
+			if err == nil {
+				c2.Close()
+			}
+			return err
+		},
+	}
+	for round := range 2 {
+		for name, call := range calls {
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			err := call(cctx)
+			cancel()
+			if !errors.Is(err, cache.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("round %d: %s with the server gone: %v", round, name, err)
+			}
+		}
+	}
+}

@@ -213,7 +213,7 @@ func (c *Client) pick() int {
 // after a new lookup. An address into a block reused since reads the
 // block's sink instead (its key is retired) and fails its header check:
 // ErrStale, for that call alone.
-var errConnLost = errors.New("cache: connection lost")
+var errConnLost = fmt.Errorf("%w: connection lost", ErrUnavailable)
 
 // attempts bounds the tries of a call that fails with a stale address;
 // lostAttempts those that fail with a lost connection. A connection is
@@ -727,7 +727,7 @@ func (c *Client) dial(ctx context.Context) (*cliConn, error) {
 	}
 	h := hello{Version: Version, Slots: uint16(n), MaxMsg: uint32(msg)}
 	if err := qp.Connect(ctx, c.addr, gowarp.ConnectOptions{PrivateData: h.append(nil), IRD: 1, ORD: 128, BusyPoll: gowarp.DefaultBusyPoll}); err != nil {
-		return failed(fmt.Errorf("cache: dial %s: %w", c.addr, err))
+		return failed(fmt.Errorf("%w: dial %s: %w", ErrUnavailable, c.addr, err))
 	}
 	sh, err := parseHello(qp.PeerPrivateData())
 	if err != nil || int(sh.Slots) > n || int(sh.MaxMsg) > msg {

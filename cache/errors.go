@@ -26,6 +26,13 @@ var (
 	ErrFull = errors.New("cache: no room")
 	// ErrServer: the server failed to carry the request out (I/O).
 	ErrServer = errors.New("cache: server error")
+	// ErrUnavailable: the server could not be reached (a dial that
+	// failed: refused, timed out, rejected), or the connection to it
+	// failed while the call was out and a new one could not be made in
+	// the call's tries. A call that fails so may or may not have been
+	// carried out; the error wraps the cause as well (gowarp's errors, a
+	// context's, the system's).
+	ErrUnavailable = errors.New("cache: server unavailable")
 	// ErrClosed: the client is closed.
 	ErrClosed = errors.New("cache: client closed")
 )
