@@ -107,10 +107,11 @@ type Span struct {
 	write  bool
 }
 
-// Span returns bytes [off, off+n) of the buffer, read-only.
+// Span returns bytes [off, off+n) of the buffer, read-only. A range
+// outside the buffer panics, as slicing past a slice's end does.
 func (b *Buffer) Span(off, n int) Span {
-	if off < 0 || n < 0 || off+n > len(b.data) {
-		panic(fmt.Sprintf("rpc: span [%d, %d) of a %d-byte buffer", off, off+n, len(b.data)))
+	if off < 0 || n < 0 || off > len(b.data) || n > len(b.data)-off {
+		panic(fmt.Sprintf("rpc: span of %d bytes at %d of a %d-byte buffer", n, off, len(b.data)))
 	}
 	return Span{buf: b, off: off, n: n}
 }

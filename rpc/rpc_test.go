@@ -299,6 +299,35 @@ func TestAllocHeapFull(t *testing.T) {
 	}
 }
 
+// TestSpanBounds: Span takes any range inside its buffer and panics on
+// one outside it, one whose end overflows an int among them (which
+// passed the check before and panicked later, in the call).
+func TestSpanBounds(t *testing.T) {
+	_, cl, _ := pair(t, Options{})
+	b, err := cl.Alloc(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		off, n int
+		ok     bool
+	}{
+		{0, 100, true}, {100, 0, true}, {40, 60, true}, {0, 0, true},
+		{-1, 10, false}, {0, -1, false}, {0, 101, false}, {101, 0, false}, {1, math.MaxInt, false}, {math.MaxInt, 1, false},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); (r == nil) != c.ok {
+					t.Errorf("Span(%d, %d): panic %v", c.off, c.n, r)
+				}
+			}()
+			if sp := b.Span(c.off, c.n); sp.Len() != c.n {
+				t.Errorf("Span(%d, %d).Len() = %d", c.off, c.n, sp.Len())
+			}
+		}()
+	}
+}
+
 func TestRefAfterCall(t *testing.T) {
 	srv, cl, _ := pair(t, Options{})
 	ctx := context.Background()
