@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -222,8 +223,12 @@ func TestReadAtWriteAt(t *testing.T) {
 // TestServerGone: once the server is gone, every call fails at once with
 // ErrUnavailable (whether it meets the lost connection or the refused
 // dial after it), and so does a new Dial; none waits for its context.
+// Calls right after a failed dial do not dial again (which built a whole
+// connection, 873 KB, per call), and once the server is back on its
+// address the client reaches it again.
 func TestServerGone(t *testing.T) {
-	addr, _, stop := startServer(t, cache.ServerOptions{BlockSize: 128 << 10})
+	o := cache.ServerOptions{BlockSize: 128 << 10, Dir: t.TempDir(), Logger: quiet}
+	addr, _, stop := startServer(t, o)
 	c := dial(t, addr, cache.ClientOptions{Conns: 2})
 	ctx := ctxT(t)
 	if err := c.Put(ctx, "k", value(1, 5000), cache.PutOptions{}); err != nil {
@@ -257,5 +262,43 @@ func TestServerGone(t *testing.T) {
 				t.Fatalf("round %d: %s with the server gone: %v", round, name, err)
 			}
 		}
+	}
+	// Within the redial backoff (50 ms at first): no dial, so next to no
+	// memory; a dial allocates a connection's buffers (873 KB).
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	for range 20 {
+		c.Get(ctx, "k")
+	}
+	runtime.ReadMemStats(&m1)
+	if per := (m1.TotalAlloc - m0.TotalAlloc) / 20; per > 16<<10 {
+		t.Errorf("a call to a server found down allocates %d bytes", per)
+	}
+
+	srv, err := cache.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { srv.Serve(sctx, ln); close(served) }()
+	t.Cleanup(func() { cancel(); <-served; srv.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := c.Get(ctx, "k")
+		if err == nil {
+			if !bytes.Equal(got, value(1, 5000)) {
+				t.Fatalf("value after the server came back: %d bytes", len(got))
+			}
+			break
+		}
+		if !errors.Is(err, cache.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("Get once the server is back: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gowarp/gowarp"
 )
@@ -102,7 +103,22 @@ type Client struct {
 type connHolder struct {
 	mu sync.Mutex
 	c  atomic.Pointer[cliConn]
+	// After a dial that found the server unavailable, calls fail with
+	// its error until failedAt+backoff instead of dialing again (under
+	// mu): each dial builds a whole connection first (873 KB of buffers
+	// with the defaults), so a caller retrying a server that is down made
+	// 5,000 of them a second, and as many collections.
+	dialErr  error
+	failedAt time.Time
+	backoff  time.Duration
 }
+
+// Redial backoff: the wait after a failed dial starts at minRedial and
+// doubles with each failure up to maxRedial; a dial that succeeds ends it.
+const (
+	minRedial = 50 * time.Millisecond
+	maxRedial = 2 * time.Second
+)
 
 // Dial connects to the cache server at addr (host:port).
 func Dial(ctx context.Context, addr string, o ClientOptions) (*Client, error) {
@@ -177,10 +193,19 @@ func (c *Client) conn(ctx context.Context) (*cliConn, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
+	if h.dialErr != nil && time.Since(h.failedAt) < h.backoff {
+		return nil, h.dialErr
+	}
 	cc, err := c.dial(ctx)
 	if err != nil {
+		// The caller's own context ending says nothing of the server.
+		if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+			h.dialErr, h.failedAt = err, time.Now()
+			h.backoff = min(max(2*h.backoff, minRedial), maxRedial)
+		}
 		return nil, err
 	}
+	h.dialErr, h.backoff = nil, 0
 	h.c.Store(cc)
 	return cc, nil
 }

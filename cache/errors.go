@@ -31,7 +31,10 @@ var (
 	// failed while the call was out and a new one could not be made in
 	// the call's tries. A call that fails so may or may not have been
 	// carried out; the error wraps the cause as well (gowarp's errors, a
-	// context's, the system's).
+	// context's, the system's). After a dial that failed so, the client
+	// does not dial that connection again for a while (50 ms, doubling
+	// with each failure up to 2 s): calls meanwhile fail at once with the
+	// same error.
 	ErrUnavailable = errors.New("cache: server unavailable")
 	// ErrClosed: the client is closed.
 	ErrClosed = errors.New("cache: client closed")
