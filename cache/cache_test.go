@@ -32,6 +32,12 @@ func testLog(t testing.TB) *slog.Logger {
 // ends (or stop is called).
 func startServer(t testing.TB, o cache.ServerOptions) (addr string, srv *cache.Server, stop func()) {
 	t.Helper()
+	return startServerAt(t, o, "127.0.0.1:0")
+}
+
+// startServerAt is startServer on the address at (host:port).
+func startServerAt(t testing.TB, o cache.ServerOptions, at string) (addr string, srv *cache.Server, stop func()) {
+	t.Helper()
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}
@@ -45,7 +51,7 @@ func startServer(t testing.TB, o cache.ServerOptions) (addr string, srv *cache.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := srv.Listen("127.0.0.1:0")
+	ln, err := srv.Listen(at)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,18 +281,7 @@ func TestServerGone(t *testing.T) {
 		t.Errorf("a call to a server found down allocates %d bytes", per)
 	}
 
-	srv, err := cache.NewServer(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := srv.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() { srv.Serve(sctx, ln); close(served) }()
-	t.Cleanup(func() { cancel(); <-served; srv.Close() })
+	startServerAt(t, o, addr)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got, err := c.Get(ctx, "k")
