@@ -277,7 +277,9 @@ type rxMsg struct {
 type sconn struct {
 	path     int
 	qp       *QP
-	mr       *MR // slots receive buffers of slotSize, then ctlSlots headers
+	mr       *MR    // slots receive buffers of slotSize, then ctlSlots headers
+	buf      []byte // mr's memory, and room beyond it that a spare had
+	freed    bool   // mr is deregistered: nothing reaches buf any more
 	slots    int
 	slotSize int
 	dead     bool
@@ -326,7 +328,7 @@ func (s *Session) hello(path int, flags uint8) []byte {
 }
 
 // newConn makes a connection's queue pair and buffers, its receives posted.
-func (s *Session) newConn(path int, peerWindow int) (*sconn, error) {
+func (s *Session) newConn(path int, peerWindow int, spare []byte) (*sconn, error) {
 	// Receives: the peer's data (our window), its acks of ours (at most
 	// its window of them in flight), a ping and a pong, and slack.
 	slots := s.cfg.Window + peerWindow + 4
@@ -336,12 +338,22 @@ func (s *Session) newConn(path int, peerWindow int) (*sconn, error) {
 	if err != nil {
 		return nil, err
 	}
-	mr, err := s.pd.Register(make([]byte, slots*size+ctlSlots*failover.HeaderLen), LocalWrite)
+	// The buffers of an earlier try that failed, if they fit: a path
+	// that stays down is dialed twice a second for as long as the
+	// session lives, and each try took 2.4 MB with the defaults.
+	// (Receive buffers: what they held is never read, only what a
+	// receive places.)
+	need := slots*size + ctlSlots*failover.HeaderLen
+	buf := spare
+	if cap(buf) < need {
+		buf = make([]byte, need)
+	}
+	mr, err := s.pd.Register(buf[:need], LocalWrite)
 	if err != nil {
 		qp.Close()
 		return nil, err
 	}
-	c := &sconn{path: path, qp: qp, mr: mr, slots: slots, slotSize: size}
+	c := &sconn{path: path, qp: qp, mr: mr, buf: buf, slots: slots, slotSize: size}
 	for i := range slots {
 		if err := qp.PostRecv(&RecvWR{ID: idRecv<<idKindShift | uint64(i), SGL: []SGE{{MR: mr, Offset: i * size, Length: size}}}); err != nil {
 			c.release()
@@ -357,24 +369,33 @@ func (s *Session) newConn(path int, peerWindow int) (*sconn, error) {
 	return c, nil
 }
 
-// drop releases a connection that never joined the session.
-func (s *Session) drop(c *sconn) {
+// drop releases a connection that never joined the session. It returns
+// the connection's buffers, for another try, if nothing can reach them
+// any more (their region is deregistered).
+func (s *Session) drop(c *sconn) []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.byQP, c.qp)
 	c.dead = true
+	// The session's goroutine may have released it first: a flush
+	// completion of its failed connect marks it dead.
 	c.release()
+	if c.freed {
+		return c.buf[:0]
+	}
+	return nil
 }
 
 // release closes a connection's queue pair and frees its memory; its
-// completions are all in the session's CQ once Close returns.
+// completions are all in the session's CQ once Close returns (under mu,
+// or before the session knows c).
 func (c *sconn) release() {
 	if c.released {
 		return
 	}
 	c.released = true
 	c.qp.Close()
-	_ = c.mr.Deregister()
+	c.freed = c.mr.Deregister() == nil
 }
 
 // DialSession opens a session to a peer listening with ListenSession on
@@ -432,11 +453,18 @@ func cmpErr(a, b error) error {
 
 // dial connects path p.
 func (s *Session) dial(ctx context.Context, p int, flags uint8) (*sconn, error) {
+	c, _, err := s.dialSpare(ctx, p, flags, nil)
+	return c, err
+}
+
+// dialSpare is dial with the buffers of an earlier try (spare, if not
+// nil); when it fails it returns the buffers for the next.
+func (s *Session) dialSpare(ctx context.Context, p int, flags uint8, spare []byte) (*sconn, []byte, error) {
 	// We send at most our own window ahead of the peer's acks (the
 	// smaller of the two windows), so we receive at most that many acks.
-	c, err := s.newConn(p, s.cfg.Window)
+	c, err := s.newConn(p, s.cfg.Window, spare)
 	if err != nil {
-		return nil, err
+		return nil, spare, err
 	}
 	o := s.cfg.Connect
 	o.PrivateData = s.hello(p, flags)
@@ -447,28 +475,24 @@ func (s *Session) dial(ctx context.Context, p int, flags uint8) (*sconn, error) 
 	}
 	s.mu.Unlock()
 	if addr == "" {
-		s.drop(c)
-		return nil, errPathGone
+		return nil, s.drop(c), errPathGone
 	}
 	if err := c.qp.Connect(ctx, addr, o); err != nil {
-		s.drop(c)
-		return nil, err
+		return nil, s.drop(c), err
 	}
 	h, _, err := failover.ParseHello(c.qp.PeerPrivateData())
 	if err != nil || h.Flags&failover.Reply == 0 || h.Session != s.id {
-		s.drop(c)
-		return nil, fmt.Errorf("%w: reply from %s: %v", ErrNotSession, addr, err)
+		return nil, s.drop(c), fmt.Errorf("%w: reply from %s: %v", ErrNotSession, addr, err)
 	}
 	if !c.qp.Params().Extensions {
-		s.drop(c)
-		return nil, fmt.Errorf("%w: %s did not agree to immediate data", ErrNotSession, addr)
+		return nil, s.drop(c), fmt.Errorf("%w: %s did not agree to immediate data", ErrNotSession, addr)
 	}
 	s.mu.Lock()
 	if s.peerWindow == 0 {
 		s.peerWindow, s.peerMax = uint64(min(int(h.Window), s.cfg.Window)), int(h.MaxMessage)
 	}
 	s.mu.Unlock()
-	return c, nil
+	return c, nil, nil
 }
 
 // errPathGone: a path the session no longer has (the peer moved to a
@@ -492,10 +516,12 @@ func (s *Session) redial(p int) {
 	go func() {
 		defer s.wg.Done()
 		pause := 20 * time.Millisecond
+		var spare []byte // a failed try's buffers, for the next
 		for {
 			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HeartbeatTimeout+s.cfg.Connect.LinkTimeout)
-			c, err := s.dial(ctx, p, failover.Rejoin)
+			c, left, err := s.dialSpare(ctx, p, failover.Rejoin, spare)
 			cancel()
+			spare = left
 			if err == nil {
 				select {
 				case s.joins <- c: // addConn ends the redialing
@@ -1429,7 +1455,7 @@ func (l *SessionListener) join(req *ConnRequest) {
 		isNew = true
 	}
 	l.mu.Unlock()
-	c, err := s.newConn(int(h.Path), int(h.Window))
+	c, err := s.newConn(int(h.Path), int(h.Window), nil)
 	if err == nil {
 		o := s.cfg.Connect
 		o.PrivateData = s.hello(int(h.Path), failover.Reply)
