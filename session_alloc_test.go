@@ -260,27 +260,19 @@ func (p *cutProxy) cut(open bool, backend string) {
 // garbage per session, 2.4 GB a second for 500 sessions with a link
 // down). A try that fails leaves its buffers to the next.
 func TestSessionRedialReusesBuffers(t *testing.T) {
-	dev := gowarp.Open()
-	pd := dev.AllocPD()
-	ln, err := dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	gone, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dead := gone.Addr().String()
 	gone.Close() // a port that refuses
-	sl := pd.ListenSession(gowarp.SessionConfig{}, ln)
-	t.Cleanup(func() { sl.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cli, err := pd.DialSession(ctx, []string{ln.Addr().String(), dead}, gowarp.SessionConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	n := 0
+	cli, _, _ := loopSessionVia(t, gowarp.SessionConfig{}, gowarp.SessionConfig{}, func(addr string) string {
+		if n++; n == 2 {
+			return dead // the second path
+		}
+		return addr
+	})
 	time.Sleep(1200 * time.Millisecond) // the pause between tries grows to 500 ms
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
