@@ -639,13 +639,14 @@ func (s *suite) gowarpSendsTerminate(t *testing.T) {
 	}()
 	script := fmt.Sprintf(`before=$(dmesg | grep -c 'got TERMINATE')
 rping -c -a %s -p %d -v -C 1 -S 64 2>&1
-echo "rping rc=$?"
+rc=$?
+echo "rping rc=$rc"
 sleep 1
 echo "siw TERMINATEs logged: $(( $(dmesg | grep -c 'got TERMINATE') - before ))"
-dmesg | grep 'got TERMINATE' | tail -1`, hostFromGuest, guestServePort)
-	_, gout, err := s.v.run(ctx, script, 40*time.Second)
-	// The script's status is its last command's, so look at the output.
-	if err == nil && strings.Contains(gout, "Cannot assign requested address") {
+dmesg | grep 'got TERMINATE' | tail -1
+exit $rc`, hostFromGuest, guestServePort)
+	rc, gout, err := s.v.run(ctx, script, 40*time.Second)
+	if err == nil && guestAddrBusy(rc, gout) {
 		// The guest's connect found no local address, and rping hung
 		// until the job's timeout: nothing reached gowarp's listener,
 		// which still waits (as in rpingClient; docs/interop.md §1).
