@@ -1,6 +1,7 @@
 package gowarp_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -283,5 +284,83 @@ func TestSessionRedialReusesBuffers(t *testing.T) {
 	}
 	if err := cli.Err(); err != nil {
 		t.Fatalf("session: %v", err)
+	}
+}
+
+// TestSessionRejoinAfterFailedRedials: a path whose redials fail for a
+// while (each try leaving its buffers to the next) joins again once its
+// peer answers, and then carries messages whole both ways on its own:
+// the buffers a failed try left are as good as new ones.
+func TestSessionRejoinAfterFailedRedials(t *testing.T) {
+	cfg := gowarp.SessionConfig{HeartbeatInterval: 20 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond,
+		MaxMessage: 4096, Deadline: 30 * time.Second}
+	cli, srv, pd, proxies := proxiedSession(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	joins := cli.Stats().Joins
+	proxies[1].cut(false, "")          // path 1 is reset, and its redials refused
+	time.Sleep(700 * time.Millisecond) // tries 20, 40, 80, 160 and 320 ms apart fail
+	if cli.Stats().Joins != joins {
+		t.Fatal("path 1 joined again through a proxy that refuses")
+	}
+	proxies[1].cut(true, "")
+	for cli.Stats().Joins == joins || cli.Conns()[1] == nil {
+		if ctx.Err() != nil {
+			t.Fatal("path 1 did not join again")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	proxies[0].cut(false, "") // from now on path 1 alone carries
+	const n, size = 64, 1000
+	take := func(s *gowarp.Session, op gowarp.CompletionOp, check func(c gowarp.SessionCompletion)) {
+		t.Helper()
+		var wc [16]gowarp.SessionCompletion
+		for got := 0; got < n; {
+			k := s.Poll(wc[:])
+			if k == 0 {
+				if err := s.Wait(ctx); err != nil {
+					t.Fatalf("%d of %d: %v", got, n, err)
+				}
+				continue
+			}
+			for _, c := range wc[:k] {
+				if c.Err != nil || c.Op != op {
+					t.Fatalf("completion %+v, want %v", c, op)
+				}
+				check(c)
+				got++
+			}
+		}
+	}
+	exchange := func(from, to *gowarp.Session, seed byte) {
+		t.Helper()
+		src, _ := pd.Register(make([]byte, n*size), gowarp.LocalWrite)
+		dst, _ := pd.Register(make([]byte, n*4096), gowarp.LocalWrite)
+		for i := range n {
+			if err := to.PostRecv(&gowarp.RecvWR{ID: uint64(i), SGL: []gowarp.SGE{{MR: dst, Offset: i * 4096, Length: 4096}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range n {
+			p := src.Bytes()[i*size : (i+1)*size]
+			for j := range p {
+				p[j] = seed + byte(i) + byte(j)
+			}
+			if err := from.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Offset: i * size, Length: size}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		take(from, gowarp.CompSend, func(gowarp.SessionCompletion) {})
+		take(to, gowarp.CompRecv, func(c gowarp.SessionCompletion) {
+			p := dst.Bytes()[int(c.ID)*4096:][:size]
+			if c.Bytes != size || !bytes.Equal(p, src.Bytes()[int(c.ID)*size:][:size]) {
+				t.Fatalf("message %d: %d bytes, not those sent", c.ID, c.Bytes)
+			}
+		})
+	}
+	exchange(cli, srv, 1)
+	exchange(srv, cli, 100)
+	if tx := cli.Stats().TxPath; tx != 1 {
+		t.Errorf("client sends on path %d, want 1", tx)
 	}
 }
