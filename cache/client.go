@@ -107,7 +107,7 @@ type connHolder struct {
 	// its error until failedAt+backoff instead of dialing again (under
 	// mu): each dial builds a whole connection first (873 KB of buffers
 	// with the defaults), so a caller retrying a server that is down made
-	// 5,000 of them a second, and as many collections.
+	// 5,000 of them a second, and 66 collections.
 	dialErr  error
 	failedAt time.Time
 	backoff  time.Duration
