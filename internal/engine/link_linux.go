@@ -497,7 +497,9 @@ func (l *fdLink) doWrite(fd uintptr) bool {
 		// One buffer: sendto, with no msghdr or vectors to copy in.
 		n, _, e = unix.Syscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), flags, 0, 0)
 		if e == 0 {
-			msgs[0].len, n = uint32(n), 1
+			l.wn, l.werr = int(n), nil
+			l.wok.Store(ticket)
+			return true
 		}
 	} else if len(msgs) == 1 {
 		n, _, e = unix.Syscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&msgs[0].hdr)), flags)
@@ -560,6 +562,18 @@ const (
 
 // Writev sends bufs as records, all in one system call.
 func (l *fdLink) Writev(bufs [][]byte, records []int, block bool) (int, error) {
+	if len(bufs) == 1 && len(records) <= 1 && len(bufs[0]) > 0 && len(bufs[0]) <= tinyMax {
+		// One small record in one buffer (a ping-pong's FPDU framed
+		// whole, see txMini): sendto it, with no vectors or msghdr to
+		// build.
+		l.wone, l.wflat, l.wblock = bufs[0], false, block
+		err := l.rc.Write(l.wfunc)
+		l.wone = nil
+		if err != nil {
+			return 0, err
+		}
+		return l.wn, l.werr
+	}
 	small := len(bufs) <= smallIov && len(records) < smallMsg
 	if small {
 		if l.wsmall == nil {
