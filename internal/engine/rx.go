@@ -143,6 +143,9 @@ func (r *rxState) receive() (rang bool, err error) {
 			more = r.more
 		}
 		k, _, rerr = r.idle.ReadIdle(r.buf, r.put, r.get, more)
+		if k > 0 {
+			r.lastIdle = k
+		}
 		if err := r.moreErr; err != nil {
 			r.moreErr = nil
 			return false, err
@@ -171,6 +174,7 @@ func (r *rxState) receive() (rang bool, err error) {
 // goes on, the doorbell has not rung and the next read is again one of
 // nothing staged. It returns the buffer for that read.
 func (r *rxState) moreIdle(n int) ([]byte, bool) {
+	r.lastIdle = n
 	if err := r.advance(n); err != nil {
 		r.moreErr = err
 		return r.buf, false

@@ -49,7 +49,12 @@ type rxState struct {
 	q    *QP
 	buf  []byte // staging; nil until needed, and while the driver waits with nothing staged (staging.go)
 	r, w int
-	crc  bool
+	// mini is the queue pair's own small staging buffer, for waits that
+	// small FPDUs end (staging.go); lastIdle is what the last read after
+	// such a wait brought.
+	mini     [rxMini]byte
+	lastIdle int
+	crc      bool
 	// idle is the link, if it can wait without the staging buffer; put
 	// and get are putStaging and getStaging, made once (see receive).
 	idle idleReader
@@ -208,6 +213,12 @@ func (r *rxState) next() [][]byte {
 	}
 	if r.r == r.w {
 		r.r, r.w = 0, 0
+	} else if r.inMini() {
+		// Part of an FPDU is staged in the small buffer: go on in a
+		// whole one.
+		b := r.buf[r.r:r.w]
+		r.getStaging()
+		r.r, r.w = 0, copy(r.buf, b)
 	} else if len(r.buf)-r.w < rxMinFree {
 		// Less than a staged Terminate is pending (see run): room for
 		// the rest of it.

@@ -86,12 +86,14 @@ type coreEnv struct {
 	all []*mem.Region
 	// inv is registered afresh for every feeding, as a Send with
 	// Invalidate kills it.
-	inv  *mem.Region
-	ext  bool // the next queue pair negotiated RFC 7306's extensions
-	q    *QP
-	cq   *CQ
-	crc  bool
-	fill []byte // every region's starting contents
+	inv *mem.Region
+	// miniIdle: run feeds with the small staging buffer after every wait.
+	miniIdle bool
+	ext      bool // the next queue pair negotiated RFC 7306's extensions
+	q        *QP
+	cq       *CQ
+	crc      bool
+	fill     []byte // every region's starting contents
 }
 
 const coreBase = 0x10000 // every region's tagged offset
@@ -317,6 +319,12 @@ func feedCore(t testing.TB, r *rxState, in []byte, cuts []int) error {
 		prev = c
 		for len(piece) > 0 {
 			r.answerNow() // before each read, as receive does
+			if r.lastIdle > 0 && r.buf != nil && r.r == r.w {
+				// As the driver's wait with nothing staged gives the
+				// buffer back, and takes the small one after it (see
+				// rxMini): a test that set lastIdle.
+				r.putStaging(r.buf)
+			}
 			k := 0
 			for _, v := range r.next() {
 				k += copy(v, piece[k:])
@@ -345,6 +353,9 @@ func feedCore(t testing.TB, r *rxState, in []byte, cuts []int) error {
 func (e *coreEnv) run(t testing.TB, c *coreCase, crc bool, cuts func(n int) []int) (*coreEffects, []byte) {
 	e.ext = c.ext
 	l := e.reset(t, crc, c.ird)
+	if e.miniIdle {
+		e.q.rx.lastIdle = 1 // every wait takes the small buffer (see feedCore)
+	}
 	if c.setup != nil {
 		c.setup(t, e)
 	}
@@ -958,6 +969,16 @@ func TestCoreTables(t *testing.T) {
 					x, _ := e.run(t, c, crc, cuts)
 					if d := whole.diff(x); d != "" {
 						t.Fatalf("fed whole and cut at %v: %s", cuts(len(in)), d)
+					}
+				}
+				// Again with the small staging buffer taken after every
+				// wait (rxMini): whole, byte by byte and at random.
+				e.miniIdle = true
+				defer func() { e.miniIdle = false }()
+				for _, cuts := range append(plans[len(plans)-21:], func(int) []int { return nil }) {
+					x, _ := e.run(t, c, crc, cuts)
+					if d := whole.diff(x); d != "" {
+						t.Fatalf("fed with the small buffer, cut at %v: %s", cuts(len(in)), d)
 					}
 				}
 			})
