@@ -27,7 +27,7 @@ var stagingFree = newFreeList(1024, func() *[rxStaging]byte { return new([rxStag
 // trailer. Beside the cost of the two calls it saves, a wait it does not
 // fit costs a read of a few hundred bytes before the rest, once: the
 // next wait takes a whole buffer.
-const rxMini = 512
+const rxMini = 256
 
 // getStaging takes a staging buffer as r's and returns it.
 func (r *rxState) getStaging() []byte {

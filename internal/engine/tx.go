@@ -169,7 +169,7 @@ type txMini struct {
 
 const (
 	// miniPayload is the largest message a mini batch takes.
-	miniPayload = 192
+	miniPayload = 152
 	// miniIov holds one FPDU's vectors, as room asks.
 	miniIov = MaxSGE + 3
 	// miniArena holds an RTR or nudge FPDU and the message's.

@@ -66,14 +66,15 @@ func TestMiniBatch(t *testing.T) {
 		{"write 8", OpWrite, []int{8}, false, true},
 		{"write 0", OpWrite, []int{0}, false, true},
 		{"write 1", OpWrite, []int{1}, false, true},
-		{"write 192", OpWrite, []int{miniPayload}, false, true},
-		{"write 193", OpWrite, []int{miniPayload + 1}, false, false},
+		{"write max", OpWrite, []int{miniPayload}, false, true},
+		{"write max+1", OpWrite, []int{miniPayload + 1}, false, false},
 		{"write 3 sges", OpWrite, []int{5, 0, 100}, false, true},
 		{"write 8 sges", OpWrite, []int{1, 2, 3, 4, 5, 6, 7, 8}, false, true},
 		{"write file", OpWrite, []int{8}, true, false},
 		{"send 8", OpSend, []int{8}, false, true},
 		{"send 0", OpSend, nil, false, true},
-		{"send 190", OpSend, []int{90, 100}, false, true},
+		{"send max in 2", OpSend, []int{90, miniPayload - 90}, false, true},
+		{"send max+1 in 2", OpSend, []int{90, miniPayload - 89}, false, false},
 		{"send 300", OpSend, []int{300}, false, false},
 	}
 	for _, crc := range []bool{false, true} {
