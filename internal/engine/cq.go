@@ -119,12 +119,6 @@ func (cq *CQ) push(c *Completion, fromRx bool) bool {
 // Poll moves up to len(out) completions into out and returns how many. It
 // never blocks.
 func (cq *CQ) Poll(out []Completion) int {
-	if !cq.ready.Load() {
-		// Empty, as it was when the last push's or Poll's lock was
-		// released: a loop that polls until the queue is empty ends
-		// without taking the lock once more.
-		return 0
-	}
 	cq.mu.Lock()
 	k := min(len(out), cq.n)
 	for j := range k {
