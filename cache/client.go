@@ -752,7 +752,7 @@ func (c *Client) dial(ctx context.Context) (*cliConn, error) {
 	}
 	h := hello{Version: Version, Slots: uint16(n), MaxMsg: uint32(msg)}
 	if err := qp.Connect(ctx, c.addr, gowarp.ConnectOptions{PrivateData: h.append(nil), IRD: 1, ORD: 128, BusyPoll: gowarp.DefaultBusyPoll}); err != nil {
-		return failed(fmt.Errorf("%w: dial %s: %w", ErrUnavailable, c.addr, err))
+		return failed(fmt.Errorf("%w: dial: %w", ErrUnavailable, err)) // Connect's error names the address
 	}
 	sh, err := parseHello(qp.PeerPrivateData())
 	if err != nil || int(sh.Slots) > n || int(sh.MaxMsg) > msg {

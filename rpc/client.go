@@ -103,7 +103,7 @@ func Dial(ctx context.Context, dev *gowarp.Device, addr string, o Options) (*Cli
 	}
 	pd := hello{Slots: uint16(n), MaxMessage: uint32(o.MaxMessage)}.append(nil)
 	if err := qp.Connect(ctx, addr, gowarp.ConnectOptions{PrivateData: pd, IRD: 128, ORD: 16}); err != nil {
-		return failed(fmt.Errorf("rpc: dial %s: %w", addr, err))
+		return failed(fmt.Errorf("rpc: dial: %w", err)) // Connect's error names addr
 	}
 	h, err := parseHello(qp.PeerPrivateData())
 	if err != nil || int(h.Slots) > n || int(h.MaxMessage) > o.MaxMessage {

@@ -77,11 +77,21 @@ func (q *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 		if dialTimedOut(ctx, err) {
 			err = fmt.Errorf("%w: %w", ErrLinkTimeout, err)
 		}
-		err = q.closedErr(fmt.Errorf("gowarp: connect %s: %w", addr, err))
+		err = q.closedErr(fmt.Errorf("gowarp: connect%s: %w", unnamed(addr, err), err))
 		q.Close()
 		return err
 	}
 	return q.initiate(ctx, c, &o, addr)
+}
+
+// unnamed returns " "+addr, or nothing where err names the address
+// already (a dial's *net.OpError does): an error names it once.
+func unnamed(addr string, err error) string {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Addr != nil {
+		return ""
+	}
+	return " " + addr
 }
 
 // ConnectConn is Connect over a connection the caller has opened (TCP,
