@@ -380,6 +380,37 @@ func (r *clientRun) readLat(ctx context.Context) (Result, error) {
 	samples := newSamples(o)
 	start := time.Now()
 	t0 := start
+	if !o.Each && !o.Poll {
+		// Post each Read from the wait for the last one's completion,
+		// as the other ping-pongs post theirs.
+		if err := r.qp.PostSend(&wr); err != nil {
+			return Result{}, err
+		}
+		var ferr error
+		err := loop(ctx, r.qp, func() bool {
+			n := r.cq.Poll(wc[:])
+			if n == 0 {
+				return true
+			}
+			for _, c := range wc[:n] {
+				if err := c.Err(); err != nil {
+					ferr = r.completionErr(c, err)
+					return false
+				}
+			}
+			if !lap(o, &samples, start, &t0) {
+				return false
+			}
+			if ferr = r.qp.PostSend(&wr); ferr != nil {
+				return false
+			}
+			return true
+		}, &ferr)
+		if err != nil {
+			return Result{}, err
+		}
+		return latencyResult(r.test, o.Size, samples, time.Since(start), false), nil
+	}
 	for more := true; more; more = lap(o, &samples, start, &t0) {
 		if err := r.qp.PostSend(&wr); err != nil {
 			return Result{}, err
