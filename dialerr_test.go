@@ -26,17 +26,11 @@ func TestDialErrorNamesAddressOnce(t *testing.T) {
 	l.Close() // refused from now on
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dev := gowarp.Open()
-	pd := dev.AllocPD()
-	cq := dev.NewCQ(16)
-	qp, err := pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq})
-	if err != nil {
-		t.Fatal(err)
-	}
-	errs := map[string]error{"QP.Connect": qp.Connect(ctx, addr, gowarp.ConnectOptions{})}
-	_, errs["rpc.Dial"] = rpc.Dial(ctx, dev, addr, rpc.Options{})
+	p := newIdlePair(t, 16)
+	errs := map[string]error{"QP.Connect": p.a.Connect(ctx, addr, gowarp.ConnectOptions{})}
+	_, errs["rpc.Dial"] = rpc.Dial(ctx, p.dev, addr, rpc.Options{})
 	_, errs["cache.Dial"] = cache.Dial(ctx, addr, cache.ClientOptions{})
-	_, errs["DialSession"] = pd.DialSession(ctx, []string{addr}, gowarp.SessionConfig{})
+	_, errs["DialSession"] = p.pd.DialSession(ctx, []string{addr}, gowarp.SessionConfig{})
 	for what, err := range errs {
 		if err == nil {
 			t.Fatalf("%s to a closed port succeeded", what)
