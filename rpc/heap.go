@@ -9,10 +9,14 @@ import (
 
 // heap is a client's session heap: one allocation from which buffers are
 // lent, first fit over a sorted free list. It is not registered as a
-// whole: a call registers just the spans it lends.
+// whole: a call registers just the spans it lends. Its memory is made at
+// the first Alloc: a client that passes everything by value (most do)
+// holds none, where each had held 16 MiB of Go heap (the default size)
+// from Dial on.
 type heap struct {
 	mu   sync.Mutex
-	mem  []byte
+	size int
+	mem  []byte   // nil until the first alloc
 	free []extent // sorted by offset, coalesced
 }
 
@@ -21,17 +25,22 @@ type extent struct{ off, n int }
 const heapAlign = 64
 
 func (h *heap) init(size int) {
-	h.mem = make([]byte, size)
+	h.size = size
 	h.free = []extent{{0, size}}
 }
 
-func (h *heap) alloc(n int) (int, bool) {
-	if n > len(h.mem) {
-		return 0, false // and n+heapAlign-1 cannot overflow below
+// alloc lends n bytes: their offset and memory.
+func (h *heap) alloc(n int) (int, []byte, bool) {
+	if n > h.size {
+		return 0, nil, false // and n+heapAlign-1 cannot overflow below
 	}
+	want := n
 	n = (n + heapAlign - 1) &^ (heapAlign - 1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.mem == nil {
+		h.mem = make([]byte, h.size)
+	}
 	for i, e := range h.free {
 		if e.n >= n {
 			if e.n == n {
@@ -39,10 +48,10 @@ func (h *heap) alloc(n int) (int, bool) {
 			} else {
 				h.free[i] = extent{e.off + n, e.n - n}
 			}
-			return e.off, true
+			return e.off, h.mem[e.off : e.off+want : e.off+want], true
 		}
 	}
-	return 0, false
+	return 0, nil, false
 }
 
 func (h *heap) release(off, n int) {
@@ -80,11 +89,11 @@ func (c *Client) Alloc(n int) (*Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("rpc: alloc of %d bytes", n)
 	}
-	off, ok := c.heap.alloc(n)
+	off, data, ok := c.heap.alloc(n)
 	if !ok {
-		return nil, fmt.Errorf("%w: %d bytes, none free for %d", ErrHeapFull, len(c.heap.mem), n)
+		return nil, fmt.Errorf("%w: %d bytes, none free for %d", ErrHeapFull, c.heap.size, n)
 	}
-	return &Buffer{c: c, off: off, data: c.heap.mem[off : off+n : off+n]}, nil
+	return &Buffer{c: c, off: off, data: data}, nil
 }
 
 // Bytes returns the buffer's memory.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -275,6 +276,45 @@ func TestRefReadWrite(t *testing.T) {
 // TestAllocHeapFull: a heap with no room says so with ErrHeapFull, a
 // size no heap can hold (math.MaxInt, whose rounding would overflow)
 // among them, and a Free makes room again.
+// TestHeapAtFirstAlloc: a client's session heap is made at its first
+// Alloc, so clients that pass everything by value hold none: 8 clients
+// Dialed with the default 16 MiB heaps (and their server sessions, in
+// this process too) grew the Go heap by about 21 MiB, where each had made
+// its own heap at Dial (about 150 MiB).
+func TestHeapAtFirstAlloc(t *testing.T) {
+	_, cl, addr := pair(t, Options{})
+	if cl.heap.mem != nil {
+		t.Fatal("the heap was made at Dial")
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var cls []*Client
+	for range 8 {
+		c, err := Dial(context.Background(), gowarp.Open(gowarp.WithLogger(quiet)), addr, Options{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cls = append(cls, c)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	for _, c := range cls {
+		defer c.Close()
+	}
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 4*16<<20 {
+		t.Errorf("8 clients that lent nothing grew the heap by %d MiB", grew>>20)
+	}
+	b, err := cl.Alloc(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	if len(cl.heap.mem) != 16<<20 || len(b.Bytes()) != 100 {
+		t.Errorf("after Alloc: heap of %d bytes, buffer of %d", len(cl.heap.mem), len(b.Bytes()))
+	}
+}
+
 func TestAllocHeapFull(t *testing.T) {
 	_, cl, _ := pair(t, Options{HeapSize: 1 << 20})
 	for _, n := range []int{1<<20 + 1, math.MaxInt, math.MaxInt - 10} {

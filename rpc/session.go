@@ -17,7 +17,7 @@ type Options struct {
 	// than that travel by reference.
 	MaxMessage int
 	// HeapSize is the client's session heap, from which Alloc lends
-	// buffers (default 16 MiB).
+	// buffers (default 16 MiB), made at the first Alloc.
 	HeapSize int
 	// Logger gets session events (default slog.Default()).
 	Logger *slog.Logger
