@@ -273,9 +273,6 @@ func TestRefReadWrite(t *testing.T) {
 	}
 }
 
-// TestAllocHeapFull: a heap with no room says so with ErrHeapFull, a
-// size no heap can hold (math.MaxInt, whose rounding would overflow)
-// among them, and a Free makes room again.
 // TestHeapAtFirstAlloc: a client's session heap is made at its first
 // Alloc, so clients that pass everything by value hold none: 8 clients
 // Dialed with the default 16 MiB heaps (and their server sessions, in
@@ -315,6 +312,9 @@ func TestHeapAtFirstAlloc(t *testing.T) {
 	}
 }
 
+// TestAllocHeapFull: a heap with no room says so with ErrHeapFull, a
+// size no heap can hold (math.MaxInt, whose rounding would overflow)
+// among them, and a Free makes room again.
 func TestAllocHeapFull(t *testing.T) {
 	_, cl, _ := pair(t, Options{HeapSize: 1 << 20})
 	for _, n := range []int{1<<20 + 1, math.MaxInt, math.MaxInt - 10} {

@@ -41,14 +41,17 @@ func (r *rxState) getStaging() []byte {
 }
 
 // inMini reports whether r's staging buffer is its small one.
-func (r *rxState) inMini() bool {
-	return len(r.buf) == rxMini && &r.buf[0] == &r.mini[0]
+func (r *rxState) inMini() bool { return r.isMini(r.buf) }
+
+// isMini reports whether b is r's small staging buffer.
+func (r *rxState) isMini(b []byte) bool {
+	return len(b) == rxMini && &b[0] == &r.mini[0]
 }
 
 // putStaging gives b, r's staging buffer, back; nothing is staged in it.
 func (r *rxState) putStaging(b []byte) {
 	r.buf = nil
-	if len(b) == rxMini && &b[0] == &r.mini[0] {
+	if r.isMini(b) {
 		return
 	}
 	r.q.rxStaged.Store(false)
