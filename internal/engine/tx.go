@@ -625,9 +625,7 @@ func (t *txState) addSGEs(sges []SGE, n int) {
 			t.iov = s.MR.Slices(t.iov, uint64(s.Offset+t.sgeOff), uint64(k))
 			t.lastEnd = -1
 		} else if k > 0 {
-			from := len(t.iov)
-			t.iov = s.MR.Slices(t.iov, uint64(s.Offset+t.sgeOff), uint64(k))
-			t.copyTail(from, k)
+			t.copyTail(s.MR, false, 0, uint64(s.Offset+t.sgeOff), k)
 		}
 		n -= k
 		t.sgeOff += k
@@ -647,19 +645,60 @@ func (t *txState) copyIn(region *mem.Region, k int) bool {
 	return t.inMini && t.lastEnd == len(t.arena) && len(t.arena)+k+wire.MaxTrailerLen <= cap(t.arena) && !region.File()
 }
 
-// copyTail moves the k bytes of the vectors from iov[from] on into the
-// arena, joining the FPDU's vector there.
-func (t *txState) copyTail(from, k int) {
+// copyTail copies k bytes of region from off (a peer's Read's through
+// RemoteSlices, with sem, if remote) into the arena, joining the FPDU's
+// vector there. It takes the region's pieces a few at a time, not into
+// iov, whose mini arrays hold an FPDU's vectors only when a region is one
+// buffer: a small message from a region of many would grow them at every
+// post.
+func (t *txState) copyTail(region *mem.Region, remote bool, sem mem.Semantics, off uint64, k int) {
 	start := len(t.arena)
 	t.arena = t.arena[:start+k]
 	p := start
-	for i, v := range t.iov[from:] {
-		p += wireCopy(t.arena[p:], v) // as the kernel would copy it, out of the race detector's sight
-		t.iov[from+i] = nil
+	var few [4][]byte
+	for left := uint64(k); left > 0; {
+		var c uint64
+		var vs [][]byte
+		if remote {
+			c, _ = region.RemoteSlicesFit(sem, off, left, len(few))
+			vs = region.RemoteSlices(few[:0], sem, off, c)
+		} else {
+			c, _ = region.SlicesFit(off, left, len(few))
+			vs = region.Slices(few[:0], off, c)
+		}
+		for _, v := range vs {
+			p += wireCopy(t.arena[p:], v) // as the kernel would copy it, out of the race detector's sight
+		}
+		off, left = off+c, left-c
 	}
-	t.iov = t.iov[:from]
 	t.addArena(start, len(t.arena))
 	t.fCopied += k
+}
+
+// vecFit cuts n, the payload of the next FPDU from the cursor in sges, to
+// what the batch's vectors can still take: Slices gives a vector for each
+// buffer of a region, and the vectors must never grow (each growth would
+// allocate, and again with the next batch). room leaves one vector for
+// each SGE, all a region of one buffer needs. A mini batch copies memory
+// into its arena (see copyIn), and a file's mapping is one buffer.
+func (t *txState) vecFit(sges []SGE, n int) int {
+	if t.inMini {
+		return n
+	}
+	budget := cap(t.iov) - len(t.iov) - 3 // and the FPDU's header and trailer
+	sge, off, got := t.sge, t.sgeOff, 0
+	for got < n && sge < len(sges) {
+		s := &sges[sge]
+		k := min(n-got, s.Length-off)
+		c, used := s.MR.SlicesFit(uint64(s.Offset+off), uint64(k), budget)
+		got += int(c)
+		if int(c) < k {
+			break
+		}
+		budget -= used
+		sge, off = sge+1, 0
+	}
+	return got
 }
 
 // end completes the FPDU begun last, whose payload is n bytes: it fills in
@@ -909,7 +948,7 @@ func (t *txState) frameSQ() bool {
 		return t.frameAtomic(e, sges)
 	case OpWrite:
 		for t.room() {
-			n := t.fit(t.cut(t.maxTagged, e.length, t.off), e.length-t.off, wire.TaggedHeaderLen, t.off == 0)
+			n := t.vecFit(sges, t.fit(t.cut(t.maxTagged, e.length, t.off), e.length-t.off, wire.TaggedHeaderLen, t.off == 0))
 			last := t.off+n == e.length
 			to := e.wr.RemoteAddr + uint64(t.off)
 			if e.tmpl.n > 0 {
@@ -933,7 +972,7 @@ func (t *txState) frameSQ() bool {
 			e.msn = t.msn[wire.QNSend]
 		}
 		for t.room() {
-			n := t.fit(t.cut(t.maxUntagged, e.length, t.off), e.length-t.off, wire.UntaggedHeaderLen, t.off == 0)
+			n := t.vecFit(sges, t.fit(t.cut(t.maxUntagged, e.length, t.off), e.length-t.off, wire.UntaggedHeaderLen, t.off == 0))
 			last := t.off+n == e.length
 			if e.tmpl.n > 0 {
 				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off), n)
@@ -1016,14 +1055,16 @@ func (t *txState) frameReadResponse() {
 		return
 	}
 	n := t.fit(t.cut(t.maxTagged, r.size, r.sent), r.size-r.sent, wire.TaggedHeaderLen, r.sent == 0)
+	if !t.inMini && n > 0 { // see vecFit
+		c, _ := r.region.RemoteSlicesFit(r.sem, r.srcOff+uint64(r.sent), uint64(n), cap(t.iov)-len(t.iov)-3)
+		n = int(c)
+	}
 	h := header(wire.OpReadResponse)
 	h.Last = r.sent+n == r.size
 	h.STag, h.TO = r.sinkSTag, r.sinkTO+uint64(r.sent)
 	t.begin(&h, nil, n)
 	if n > 0 && t.copyIn(r.region, n) {
-		from := len(t.iov)
-		t.iov = r.region.RemoteSlices(t.iov, r.sem, r.srcOff+uint64(r.sent), uint64(n))
-		t.copyTail(from, n)
+		t.copyTail(r.region, true, r.sem, r.srcOff+uint64(r.sent), n)
 	} else if n > 0 {
 		t.hold(r.region) // the IRQ entry holds it until its last FPDU is framed
 		t.iov = r.region.RemoteSlices(t.iov, r.sem, r.srcOff+uint64(r.sent), uint64(n))

@@ -87,6 +87,19 @@ func (r *Region) RemoteSlices(dst [][]byte, sem Semantics, off, n uint64) [][]by
 	return r.Slices(dst, off, n)
 }
 
+// RemoteSlicesFit is SlicesFit for RemoteSlices.
+func (r *Region) RemoteSlicesFit(sem Semantics, off, n uint64, max int) (uint64, int) {
+	if sem != Detached && r.wuse.Load()&wDetach == 0 {
+		return r.SlicesFit(off, n, max)
+	}
+	m, got, k := uint64(len(r.sink)), uint64(0), 0
+	for ; n > 0 && k < max; k++ { // as sinkSlices walks it
+		c := min(n, m-off%m)
+		got, n, off = got+c, n-c, off+c
+	}
+	return got, k
+}
+
 // RemoteWord is WriteWord for a peer's atomic through a key of semantics
 // sem, under a write hold: a word of the sink once the region is detached
 // or the key retired. The word must pass Word's checks.

@@ -364,6 +364,26 @@ func (r *Region) Slices(dst [][]byte, off, n uint64) [][]byte {
 	return dst
 }
 
+// SlicesFit returns how many of the n bytes from off Slices covers in at
+// most max pieces (n where they take no more), and in how many. A caller
+// whose vectors are bounded frames no more than that, so that Slices
+// never grows them. Every piece holds a byte at least (insert drops empty
+// buffers).
+func (r *Region) SlicesFit(off, n uint64, max int) (uint64, int) {
+	if n == 0 || max <= 0 {
+		return 0, 0
+	}
+	if len(r.bufs) == 1 {
+		return n, 1
+	}
+	got, k := uint64(0), 0
+	for i := r.find(off); n > 0 && k < max; i, k = i+1, k+1 { // as Slices walks them
+		c := min(n, uint64(len(r.bufs[i]))-(off-r.starts[i]))
+		got, n, off = got+c, n-c, off+c
+	}
+	return got, k
+}
+
 // find returns the index of the buffer holding offset off.
 func (r *Region) find(off uint64) int {
 	lo, hi := 0, len(r.starts)-1
