@@ -64,6 +64,13 @@ func SessionPathsDown(s *Session) bool {
 	return true
 }
 
+// SessionBeats returns how many heartbeats s has run.
+func SessionBeats(s *Session) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.beats
+}
+
 // SessionProbes returns the heartbeat probes s has tried on each path's
 // current connection.
 func SessionProbes(s *Session) []uint64 {

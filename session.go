@@ -57,12 +57,16 @@ type SessionConfig struct {
 	// how long the session may have no connection, before the session
 	// fails with ErrSessionTimeout (default 10 s).
 	Deadline time.Duration
-	// HeartbeatInterval is how often the session looks at each of its
-	// connections (default 100 ms). A connection the peer has sent
-	// nothing on for HeartbeatTimeout (default 1 s) ends, and its work
-	// fails over to another; one quiet for a quarter of that (at least
-	// HeartbeatInterval) is probed, and the peer answers. Traffic is
-	// proof enough: a busy connection is not probed.
+	// HeartbeatTimeout (default 1 s) is how long a connection may stay
+	// quiet: one the peer has sent nothing on for that long ends, and its
+	// work fails over to another. The dialing side probes a connection
+	// quiet for a quarter of that, and the peer answers; the accepting
+	// side probes one quiet for half of it, which it is only when the
+	// dialing side's probes stop. Traffic is proof enough: a busy
+	// connection is not probed, and an idle one by one side only.
+	// HeartbeatInterval (default 100 ms) is the least time between two
+	// looks at the connections, and their timing's grain. An idle
+	// session looks only when a probe or a timeout is due.
 	HeartbeatInterval, HeartbeatTimeout time.Duration
 	// Connect is used for every connection of the session. Its
 	// PrivateData and Extensions are the session's own (Writes travel as
@@ -191,7 +195,7 @@ type Session struct {
 	pd  *PD
 	cfg SessionConfig
 	// probeAfter is how long a connection stays quiet before it is
-	// probed (see SessionConfig.HeartbeatInterval).
+	// probed (see SessionConfig.HeartbeatTimeout).
 	probeAfter time.Duration
 	id         uint64
 	tag        uint32
@@ -217,6 +221,8 @@ type Session struct {
 	dying  bool           // a dead connection may wait in byQP for its release
 	tx     *sconn         // the connection this side sends on
 	downAt time.Time      // since when no connection was up
+	rearm  bool           // a pong came: the next heartbeat moves (see nextBeat)
+	beats  uint64         // heartbeats run
 	stats  SessionStats   // Failovers, Resent, Duplicates, Joins (Conns, TxPath: Stats derives them)
 	wc     [64]Completion // the internal CQ's, polled under mu
 	swr    SendWR         // scratch wire requests, under mu
@@ -306,7 +312,11 @@ func now() int64 { return int64(time.Since(sessionEpoch)) }
 
 func newSession(pd *PD, cfg SessionConfig, id uint64, initiator bool) (*Session, error) {
 	cfg.defaults(pd.dev)
-	s := &Session{pd: pd, cfg: cfg, probeAfter: max(cfg.HeartbeatInterval, cfg.HeartbeatTimeout/4), id: id, tag: uint32(id), initiator: initiator, log: cfg.Logger,
+	probe := cfg.HeartbeatTimeout / 4
+	if !initiator {
+		probe = cfg.HeartbeatTimeout / 2 // see SessionConfig.HeartbeatTimeout
+	}
+	s := &Session{pd: pd, cfg: cfg, probeAfter: max(cfg.HeartbeatInterval, probe), id: id, tag: uint32(id), initiator: initiator, log: cfg.Logger,
 		cq: pd.dev.NewCQ(4 * (cfg.SendDepth + cfg.RecvDepth + 8*cfg.Window + 64)), joins: make(chan *sconn, 8),
 		done: make(chan struct{}), byQP: map[*QP]*sconn{},
 		ring: make([]sendEntry, cfg.SendDepth), pend: make([]rxMsg, cfg.Window+1),
@@ -617,8 +627,8 @@ var runHook atomic.Pointer[func(*Session)]
 // completions, delivers, acknowledges, probes and fails over.
 func (s *Session) run() {
 	defer s.wg.Done()
-	tick := time.NewTicker(s.cfg.HeartbeatInterval)
-	defer tick.Stop()
+	beat := time.NewTimer(s.cfg.HeartbeatInterval)
+	defer beat.Stop()
 	for {
 		if h := runHook.Load(); h != nil {
 			(*h)(s)
@@ -627,6 +637,10 @@ func (s *Session) run() {
 		case <-s.cq.Notify():
 			s.mu.Lock()
 			s.progress()
+			if s.rearm {
+				s.rearm = false
+				beat.Reset(s.nextBeat())
+			}
 			s.mu.Unlock()
 		case c := <-s.joins:
 			s.mu.Lock()
@@ -639,13 +653,15 @@ func (s *Session) run() {
 			s.addConn(c)
 			s.progress()
 			s.mu.Unlock()
-		case <-tick.C:
+		case <-beat.C:
 			s.mu.Lock()
 			// What came first, first: a probe sent on a connection that
 			// has ended closes it, and with it a peer's Close not yet taken.
 			s.progress()
 			s.heartbeat()
 			s.progress()
+			s.beats++
+			beat.Reset(s.nextBeat())
 			s.mu.Unlock()
 		case <-s.ctx.Done():
 			return
@@ -758,6 +774,10 @@ func (s *Session) received(c *sconn, slot int, wc *Completion) {
 	case failover.Pong:
 		if h.Seq == c.pingSeq {
 			c.pingOut = false
+			// Heard now: the next probe is due a probeAfter from now,
+			// sooner than the timeout the goroutine sleeps until.
+			c.rxSeen, c.heardAt = c.rx, now()
+			s.rearm = true
 		}
 	case failover.Close:
 		// The peer closed the session: what came before the Close on
@@ -912,6 +932,42 @@ func (s *Session) heartbeat() {
 	case up == 0 && time.Since(s.downAt) > s.cfg.Deadline:
 		s.failLocked(fmt.Errorf("%w: no connection for %v", ErrSessionTimeout, s.cfg.Deadline))
 	}
+}
+
+// nextBeat returns how long the session's goroutine sleeps before its
+// next heartbeat (under mu): until the first probe or timeout is due when
+// the session is idle, at least HeartbeatInterval, at most probeAfter (a
+// work request posted meanwhile has its deadline looked at within that);
+// HeartbeatInterval when anything waits for a retry or a connection. An
+// idle session then wakes about once per probe, not every interval,
+// which was the floor of its cost whatever the timeout (docs/failover.md).
+func (s *Session) nextBeat() time.Duration {
+	iv := s.cfg.HeartbeatInterval
+	if s.err != nil || s.head < s.tail || s.dying || s.dlvd < s.rcvd {
+		return iv
+	}
+	t := now()
+	due, up := t+int64(s.probeAfter), false
+	for _, c := range s.conns {
+		if c == nil || c.dead {
+			continue
+		}
+		up = true
+		if c.pongDue || c.ctlBusy[pingSlot] && !c.pingOut || s.ackTo == c && s.dlvd > c.lastAck {
+			return iv // a control message to send again
+		}
+		if c.rx != c.rxSeen {
+			c.rxSeen, c.heardAt = c.rx, t // as heartbeat would
+		}
+		if !c.pingOut {
+			due = min(due, c.heardAt+int64(s.probeAfter))
+		}
+		due = min(due, c.heardAt+int64(s.cfg.HeartbeatTimeout)+1) // quiet > HeartbeatTimeout
+	}
+	if !up {
+		return iv
+	}
+	return max(iv, time.Duration(due-t))
 }
 
 // dead ends connection c: its queue pair is closed (its completions all
