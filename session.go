@@ -222,6 +222,7 @@ type Session struct {
 	tx     *sconn         // the connection this side sends on
 	downAt time.Time      // since when no connection was up
 	rearm  bool           // a pong came: the next heartbeat moves (see nextBeat)
+	heard  bool           // a connection took a message in since progress last looked
 	beats  uint64         // heartbeats run
 	stats  SessionStats   // Failovers, Resent, Duplicates, Joins (Conns, TxPath: Stats derives them)
 	wc     [64]Completion // the internal CQ's, polled under mu
@@ -685,6 +686,18 @@ func (s *Session) progress() {
 	if s.err != nil {
 		return
 	}
+	if s.heard {
+		// The peer was heard from now: one clock read per burst, not
+		// per message, and not as late as the next heartbeat, which an
+		// idle session may not run for a while (see nextBeat).
+		s.heard = false
+		t := now()
+		for _, c := range s.conns {
+			if c != nil && c.rx != c.rxSeen {
+				c.rxSeen, c.heardAt = c.rx, t
+			}
+		}
+	}
 	s.deliver()
 	s.sendAcks()
 	for _, c := range s.conns {
@@ -746,6 +759,7 @@ func (s *Session) handle(wc *Completion) {
 // received handles a message the peer sent on c into receive slot.
 func (s *Session) received(c *sconn, slot int, wc *Completion) {
 	c.rx++
+	s.heard = true
 	if wc.WithImm { // a Write: its sequence number rides in Imm
 		seq := s.rcvd + 1 + uint64(int64(int32(wc.Imm-uint32(s.rcvd+1))))
 		s.accept(c, slot, seq, 0, true)
@@ -774,9 +788,8 @@ func (s *Session) received(c *sconn, slot int, wc *Completion) {
 	case failover.Pong:
 		if h.Seq == c.pingSeq {
 			c.pingOut = false
-			// Heard now: the next probe is due a probeAfter from now,
-			// sooner than the timeout the goroutine sleeps until.
-			c.rxSeen, c.heardAt = c.rx, now()
+			// The next probe is due a probeAfter from now, sooner than
+			// the timeout the goroutine sleeps until.
 			s.rearm = true
 		}
 	case failover.Close:
@@ -955,9 +968,6 @@ func (s *Session) nextBeat() time.Duration {
 		up = true
 		if c.pongDue || c.ctlBusy[pingSlot] && !c.pingOut || s.ackTo == c && s.dlvd > c.lastAck {
 			return iv // a control message to send again
-		}
-		if c.rx != c.rxSeen {
-			c.rxSeen, c.heardAt = c.rx, t // as heartbeat would
 		}
 		if !c.pingOut {
 			due = min(due, c.heardAt+int64(s.probeAfter))

@@ -87,3 +87,36 @@ func TestSessionProbes(t *testing.T) {
 		t.Errorf("the server probed path %d, which the client streams on, %d times in 1 s", cp, d)
 	}
 }
+
+// TestSessionIdleDetection: an idle session that looks at its connections
+// only when a probe or a timeout is due still ends a connection whose peer
+// went silent HeartbeatTimeout after it last heard from it, not later,
+// whichever side went silent: it notes when it hears, not when it next
+// looks. The silent side's goroutine is held still, as a hung process
+// would be; its queue pairs go on taking bytes in.
+func TestSessionIdleDetection(t *testing.T) {
+	cfg := testSessionConfig()
+	cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 20*time.Millisecond, 2*time.Second
+	cli, srv, _ := loopSessionWith(t, cfg, cfg)
+	for _, tc := range []struct {
+		name            string
+		silent, watcher *gowarp.Session
+	}{{"the client silent", cli, srv}, {"the server silent", srv, cli}} {
+		waitFor(t, "both paths up on both sides", func() bool {
+			return cli.Stats().Conns == 2 && srv.Stats().Conns == 2
+		})
+		time.Sleep(1500 * time.Millisecond) // idle: looks far apart
+		before := tc.watcher.Stats().Failovers
+		release := gowarp.StallSession(tc.silent)
+		start := time.Now() // the silent side heard nothing since
+		waitFor(t, tc.name+": the other side's connection ended", func() bool { return tc.watcher.Stats().Failovers > before })
+		d := tc.watcher.Stats().LastFailover.Sub(start)
+		release()
+		t.Logf("%s: found %v after", tc.name, d)
+		// The watcher last heard from it at most a probe interval
+		// before; a loaded host's timers may be a little late.
+		if d > cfg.HeartbeatTimeout+400*time.Millisecond {
+			t.Errorf("%s: the connection ended %v after, want at most %v", tc.name, d, cfg.HeartbeatTimeout)
+		}
+	}
+}
