@@ -1386,12 +1386,15 @@ type SessionListener struct {
 	// closed are the sessions this side's application closed, and when:
 	// a rejoin is told so (closedReject), not that the session is
 	// unknown, in case the Close it was sent did not reach the peer.
-	closed    map[uint64]time.Time
-	exporting bool // Export is under way: no new session
-	accepted  chan *Session
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	closed map[uint64]time.Time
+	// closedOrder are closed's entries in the order noted, which is
+	// their time's: the expired ones are its head.
+	closedOrder []closedNote
+	exporting   bool // Export is under way: no new session
+	accepted    chan *Session
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
 }
 
 // ListenSession accepts sessions on lns (an adapter's Listener for each
@@ -1459,15 +1462,27 @@ func closedHere(err error) bool { return errors.Is(err, ErrSessionClosed) && err
 // noteClosed remembers session id as closed here, for as long as its
 // peer may try to rejoin it (its deadline, at most: a minute), and forgets
 // those closed longer ago. l.mu is held.
-func (l *SessionListener) noteClosed(id uint64) {
-	now := time.Now()
+func (l *SessionListener) noteClosed(id uint64) { l.noteClosedAt(id, time.Now()) }
+
+func (l *SessionListener) noteClosedAt(id uint64, now time.Time) {
 	keep := time.Minute + 2*l.cfg.Deadline
-	for k, at := range l.closed {
-		if now.Sub(at) > keep {
-			delete(l.closed, k)
+	// Forget the expired from the oldest on: a close costs O(1), not a
+	// walk of every session closed in the last minute (80,000 of them
+	// at 1,000 closes a second).
+	i := 0
+	for ; i < len(l.closedOrder) && now.Sub(l.closedOrder[i].at) > keep; i++ {
+		if e := l.closedOrder[i]; l.closed[e.id].Equal(e.at) {
+			delete(l.closed, e.id) // unless noted again since
 		}
 	}
+	l.closedOrder = append(l.closedOrder[i:], closedNote{id, now})
 	l.closed[id] = now
+}
+
+// closedNote is an entry of SessionListener.closed.
+type closedNote struct {
+	id uint64
+	at time.Time
 }
 
 func (l *SessionListener) join(req *ConnRequest) {
