@@ -680,7 +680,10 @@ func (t *txState) copyTail(region *mem.Region, remote bool, sem mem.Semantics, o
 // buffer of a region, and the vectors must never grow (each growth would
 // allocate, and again with the next batch). room leaves one vector for
 // each SGE, all a region of one buffer needs. A mini batch copies memory
-// into its arena (see copyIn), and a file's mapping is one buffer.
+// into its arena (see copyIn), and a file's mapping is one buffer. It
+// comes before fit, which never lengthens an FPDU and, where FPDUs fill
+// segments, must see the length that goes (a whole message's FPDU that it
+// lets straddle a segment must be that whole message).
 func (t *txState) vecFit(sges []SGE, n int) int {
 	if t.inMini {
 		return n
@@ -948,7 +951,7 @@ func (t *txState) frameSQ() bool {
 		return t.frameAtomic(e, sges)
 	case OpWrite:
 		for t.room() {
-			n := t.vecFit(sges, t.fit(t.cut(t.maxTagged, e.length, t.off), e.length-t.off, wire.TaggedHeaderLen, t.off == 0))
+			n := t.fit(t.vecFit(sges, t.cut(t.maxTagged, e.length, t.off)), e.length-t.off, wire.TaggedHeaderLen, t.off == 0)
 			last := t.off+n == e.length
 			to := e.wr.RemoteAddr + uint64(t.off)
 			if e.tmpl.n > 0 {
@@ -972,7 +975,7 @@ func (t *txState) frameSQ() bool {
 			e.msn = t.msn[wire.QNSend]
 		}
 		for t.room() {
-			n := t.vecFit(sges, t.fit(t.cut(t.maxUntagged, e.length, t.off), e.length-t.off, wire.UntaggedHeaderLen, t.off == 0))
+			n := t.fit(t.vecFit(sges, t.cut(t.maxUntagged, e.length, t.off)), e.length-t.off, wire.UntaggedHeaderLen, t.off == 0)
 			last := t.off+n == e.length
 			if e.tmpl.n > 0 {
 				t.beginTmpl(&e.tmpl, last, 0, e.msn, uint32(t.off), n)
@@ -1054,11 +1057,12 @@ func (t *txState) frameReadResponse() {
 		t.frameAtomicResponse(r)
 		return
 	}
-	n := t.fit(t.cut(t.maxTagged, r.size, r.sent), r.size-r.sent, wire.TaggedHeaderLen, r.sent == 0)
+	n := t.cut(t.maxTagged, r.size, r.sent)
 	if !t.inMini && n > 0 { // see vecFit
 		c, _ := r.region.RemoteSlicesFit(r.sem, r.srcOff+uint64(r.sent), uint64(n), cap(t.iov)-len(t.iov)-3)
 		n = int(c)
 	}
+	n = t.fit(n, r.size-r.sent, wire.TaggedHeaderLen, r.sent == 0)
 	h := header(wire.OpReadResponse)
 	h.Last = r.sent+n == r.size
 	h.STag, h.TO = r.sinkSTag, r.sinkTO+uint64(r.sent)

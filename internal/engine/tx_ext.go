@@ -32,7 +32,7 @@ func immOpcode(wr *SendWR) wire.Opcode {
 // batch fill).
 func (t *txState) frameWriteImm(e *sqEntry, sges []SGE) bool {
 	for !t.immDue && t.room() {
-		n := t.vecFit(sges, t.fit(t.cut(t.maxTagged, e.length, t.off), e.length-t.off, wire.TaggedHeaderLen, t.off == 0))
+		n := t.fit(t.vecFit(sges, t.cut(t.maxTagged, e.length, t.off)), e.length-t.off, wire.TaggedHeaderLen, t.off == 0)
 		last := t.off+n == e.length
 		h := header(wire.OpWrite)
 		h.Last, h.STag, h.TO = last, e.wr.RKey, e.wr.RemoteAddr+uint64(t.off)
@@ -65,7 +65,7 @@ func (t *txState) frameSendImm(e *sqEntry, sges []SGE) bool {
 	}
 	const hdr = wire.UntaggedHeaderLen + wire.ImmediateLen
 	for t.room() {
-		n := t.vecFit(sges, t.fit(t.cut(t.maxUntagged-wire.ImmediateLen, e.length, t.off), e.length-t.off, hdr, t.off == 0))
+		n := t.fit(t.vecFit(sges, t.cut(t.maxUntagged-wire.ImmediateLen, e.length, t.off)), e.length-t.off, hdr, t.off == 0)
 		last := t.off+n == e.length
 		h := header(immOpcode(&e.wr))
 		h.Last, h.MSN, h.MO = last, e.msn, uint32(t.off)
