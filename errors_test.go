@@ -116,3 +116,42 @@ func TestTerminateReasonFromRoot(t *testing.T) {
 		t.Fatalf("Err %v (TermError %v), want ErrTerminated with an invalid-STag TermError", err, te)
 	}
 }
+
+// TestNilWorkRequest: posting or preparing a nil work request returns
+// ErrNilWR, and the queue pair or session goes on working. It panicked
+// holding the queue pair's lock: a program that recovered found every
+// later call on the queue pair hung.
+func TestNilWorkRequest(t *testing.T) {
+	p := newPair(t, gowarp.ConnectOptions{})
+	if err := p.a.PostSend(nil); !errors.Is(err, gowarp.ErrNilWR) {
+		t.Errorf("PostSend(nil): %v, want ErrNilWR", err)
+	}
+	if err := p.b.PostRecv(nil); !errors.Is(err, gowarp.ErrNilWR) {
+		t.Errorf("PostRecv(nil): %v, want ErrNilWR", err)
+	}
+	if _, err := p.a.Prepare(nil); !errors.Is(err, gowarp.ErrNilWR) {
+		t.Errorf("Prepare(nil): %v, want ErrNilWR", err)
+	}
+	src, _ := p.reg(t, 64, 0)
+	dst, _ := p.reg(t, 64, gowarp.LocalWrite)
+	if err := p.b.PostRecv(&gowarp.RecvWR{ID: 2, SGL: []gowarp.SGE{{MR: dst, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.a.PostSend(&gowarp.SendWR{ID: 1, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: src, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, p.acq); c.ID != 1 || c.Status != gowarp.Success {
+		t.Fatalf("Send after the nil posts: %+v", c)
+	}
+	if c := wait(t, p.bcq); c.ID != 2 || c.Status != gowarp.Success || c.Bytes != 8 {
+		t.Fatalf("receive after the nil posts: %+v", c)
+	}
+
+	cli, _, _ := loopSession(t, gowarp.SessionConfig{})
+	if err := cli.PostSend(nil); !errors.Is(err, gowarp.ErrNilWR) {
+		t.Errorf("Session.PostSend(nil): %v, want ErrNilWR", err)
+	}
+	if err := cli.PostRecv(nil); !errors.Is(err, gowarp.ErrNilWR) {
+		t.Errorf("Session.PostRecv(nil): %v, want ErrNilWR", err)
+	}
+}

@@ -54,6 +54,8 @@ var (
 	ErrTooManySGE = engine.ErrTooManySGE
 	// ErrBadOp: a send work request's Op is not one of the Op constants.
 	ErrBadOp = engine.ErrBadOp
+	// ErrNilWR: a nil work request was posted (or prepared).
+	ErrNilWR = engine.ErrNilWR
 	// ErrZeroORD: an RDMA Read posted on a connection whose ORD is 0
 	// (NoReads asked for, or the peer's IRD is 0).
 	ErrZeroORD = engine.ErrZeroORD

@@ -1133,6 +1133,9 @@ func (s *Session) push(c SessionCompletion) {
 // unchanged until it completes: the session may send them again until
 // the peer has acknowledged them.
 func (s *Session) PostSend(wr *SendWR) error {
+	if wr == nil {
+		return ErrNilWR
+	}
 	n, max := len(wr.SGL), MaxSGE
 	switch wr.Op {
 	case OpSend:
@@ -1196,6 +1199,9 @@ func (s *Session) full() bool {
 // until a receive is posted (up to its Window of them; the peer waits
 // for more).
 func (s *Session) PostRecv(wr *RecvWR) error {
+	if wr == nil {
+		return ErrNilWR
+	}
 	if len(wr.SGL) > MaxSGE {
 		return ErrTooManySGE
 	}

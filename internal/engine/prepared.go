@@ -199,6 +199,9 @@ type Prepared struct {
 // Prepare checks wr and keeps it ready to post. wr.ID and the Signaled
 // flag are ignored: Post supplies them.
 func (q *QP) Prepare(wr *SendWR) (*Prepared, error) {
+	if wr == nil {
+		return nil, ErrNilWR
+	}
 	total, err := checkShape(wr)
 	if err != nil {
 		return nil, err

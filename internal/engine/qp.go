@@ -71,6 +71,7 @@ var (
 	ErrQueueFull      = errors.New("gowarp: work queue is full")
 	ErrTooManySGE     = fmt.Errorf("gowarp: more than %d scatter/gather entries", MaxSGE)
 	ErrBadOp          = errors.New("gowarp: invalid work request opcode")
+	ErrNilWR          = errors.New("gowarp: nil work request")
 	ErrLocalAccess    = errors.New("gowarp: local memory access violation")
 	ErrPeerTerminated = errors.New("gowarp: peer terminated the connection")
 	ErrTerminated     = errors.New("gowarp: terminated the connection")
@@ -394,6 +395,9 @@ func (q *QP) Link() Link { return q.link }
 
 // PostSend queues a send-queue work request.
 func (q *QP) PostSend(wr *SendWR) error {
+	if wr == nil {
+		return ErrNilWR
+	}
 	q.mu.Lock()
 	if err := q.postSendLocked(wr); err != nil {
 		q.mu.Unlock()
@@ -510,6 +514,9 @@ func (q *QP) growRQLocked() {
 // PostRecv queues a receive buffer. Receives may be posted before the
 // queue pair is connected.
 func (q *QP) PostRecv(wr *RecvWR) error {
+	if wr == nil {
+		return ErrNilWR
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.postRecvLocked(wr)
