@@ -39,8 +39,8 @@ const PageSize = 4096
 
 // Errors of snapshots and local writes.
 var (
-	ErrSnapshotClosed = errors.New("mem: snapshot is closed")
-	ErrBounds         = errors.New("mem: range is outside the region")
+	ErrSnapshotClosed = errors.New("gowarp: snapshot is closed")
+	ErrBounds         = errors.New("gowarp: range is outside the region")
 )
 
 // snapshotWait bounds how long Snapshot waits for writes in progress: a

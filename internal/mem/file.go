@@ -14,7 +14,7 @@ import (
 
 // ErrFileRange is a file range that is not inside the file: past its end
 // at registration, or cut off by a truncation since.
-var ErrFileRange = errors.New("mem: range is not inside the file")
+var ErrFileRange = errors.New("gowarp: range is not inside the file")
 
 // fileMap is the shared, read-write mapping of a file range that backs a
 // region. The mapping starts on a page boundary; data is the region's
@@ -45,10 +45,10 @@ func (t *Table) RegisterFile(pd uint32, f *os.File, off, length int64, access Ac
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("mem: register file: %w", err)
+		return nil, fmt.Errorf("gowarp: register file: %w", err)
 	}
 	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("mem: register file: %s is not a regular file", f.Name())
+		return nil, fmt.Errorf("gowarp: register file: %s is not a regular file", f.Name())
 	}
 	size := st.Size()
 	if length == 0 {
@@ -79,7 +79,7 @@ func (t *Table) RegisterFile(pd uint32, f *os.File, off, length int64, access Ac
 func mapFile(f *os.File, off, length int64) (*fileMap, error) {
 	fd, err := unix.Dup(int(f.Fd()))
 	if err != nil {
-		return nil, fmt.Errorf("mem: register file: %w", err)
+		return nil, fmt.Errorf("gowarp: register file: %w", err)
 	}
 	dup := os.NewFile(uintptr(fd), f.Name())
 	skip := off % pageSize
@@ -87,7 +87,7 @@ func mapFile(f *os.File, off, length int64) (*fileMap, error) {
 	runtime.KeepAlive(f)
 	if err != nil {
 		dup.Close()
-		return nil, fmt.Errorf("mem: register file: mmap %s: %w", f.Name(), err)
+		return nil, fmt.Errorf("gowarp: register file: mmap %s: %w", f.Name(), err)
 	}
 	return &fileMap{f: dup, fd: fd, off: off, mapped: mapped, data: mapped[skip : skip+length : skip+length]}, nil
 }
@@ -100,7 +100,7 @@ func (r *Region) fileOrigin() (string, int64) { return r.file.f.Name(), r.file.o
 func (m *fileMap) unmap() error {
 	m.once.Do(func() {
 		if err := unix.Munmap(m.mapped); err != nil {
-			m.err = fmt.Errorf("mem: munmap: %w", err)
+			m.err = fmt.Errorf("gowarp: munmap: %w", err)
 		}
 		m.f.Close()
 		m.mapped, m.data = nil, nil
@@ -129,7 +129,7 @@ func (r *Region) Sync(off, n uint64) error {
 		return nil
 	}
 	if err := unix.Msync(r.file.pageRange(off, n), unix.MS_SYNC); err != nil {
-		return fmt.Errorf("mem: msync: %w", err)
+		return fmt.Errorf("gowarp: msync: %w", err)
 	}
 	return nil
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // ErrFileRange is a file range that is not inside the file.
-var ErrFileRange = errors.New("mem: range is not inside the file")
+var ErrFileRange = errors.New("gowarp: range is not inside the file")
 
 // fileMap is never made here (mapFile fails); data keeps the import code
 // that reads it building on every system.

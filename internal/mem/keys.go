@@ -48,10 +48,10 @@ func (s Semantics) String() string {
 
 // Errors of Expose.
 var (
-	ErrNotFile      = errors.New("mem: the semantics needs a file-backed region")
-	ErrBadSemantics = errors.New("mem: unknown semantics")
-	ErrNoKeys       = errors.New("mem: every key of the region is in use")
-	ErrKeyInUse     = errors.New("mem: the region has that key already")
+	ErrNotFile      = errors.New("gowarp: the semantics needs a file-backed region")
+	ErrBadSemantics = errors.New("gowarp: unknown semantics")
+	ErrNoKeys       = errors.New("gowarp: every key of the region is in use")
+	ErrKeyInUse     = errors.New("gowarp: the region has that key already")
 )
 
 // keySet is a region's further keys and their semantics; it is never

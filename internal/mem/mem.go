@@ -86,14 +86,14 @@ func (r Reason) String() string {
 
 // Errors of registration and deregistration.
 var (
-	ErrBusy       = errors.New("mem: region is in use by outstanding work")
-	ErrEmpty      = errors.New("mem: cannot register an empty buffer")
-	ErrTableFull  = errors.New("mem: STag table is full")
-	ErrNotInTable = errors.New("mem: region is not registered in this table")
-	ErrBadAccess  = errors.New("mem: invalid access flags")
-	ErrAddrWrap   = errors.New("mem: region wraps the address space")
-	ErrInvalid    = errors.New("mem: region is no longer valid")
-	ErrIndexInUse = errors.New("mem: the STag index is in use")
+	ErrBusy       = errors.New("gowarp: region is in use by outstanding work")
+	ErrEmpty      = errors.New("gowarp: cannot register an empty buffer")
+	ErrTableFull  = errors.New("gowarp: STag table is full")
+	ErrNotInTable = errors.New("gowarp: region is not registered in this table")
+	ErrBadAccess  = errors.New("gowarp: invalid access flags")
+	ErrAddrWrap   = errors.New("gowarp: region wraps the address space")
+	ErrInvalid    = errors.New("gowarp: region is no longer valid")
+	ErrIndexInUse = errors.New("gowarp: the STag index is in use")
 )
 
 // Region is registered memory: one or more buffers seen as one range of

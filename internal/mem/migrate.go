@@ -31,8 +31,8 @@ import (
 
 // Errors of export and import.
 var (
-	ErrFrozen     = errors.New("mem: the STag table is frozen for an export")
-	ErrImportSize = errors.New("mem: an imported region is larger than the import allows")
+	ErrFrozen     = errors.New("gowarp: the STag table is frozen for an export")
+	ErrImportSize = errors.New("gowarp: an imported region is larger than the import allows")
 )
 
 // freezeWait bounds how long a freeze waits for the writes in progress.
@@ -146,7 +146,7 @@ func (t *Table) Export(ctx context.Context, w io.Writer, identity string) (st Ex
 	}
 	h := ExportHeader{Version: TableFormatVersion, Regions: uint32(len(regs)), PDs: uint32(len(pds)), Identity: identity}
 	if err := put(recHeader, h.Append(body[:0])); err != nil {
-		return st, fmt.Errorf("mem: export: %w", err)
+		return st, fmt.Errorf("gowarp: export: %w", err)
 	}
 	for _, r := range regs {
 		if err := ctx.Err(); err != nil {
@@ -174,7 +174,7 @@ func (t *Table) Export(ctx context.Context, w io.Writer, identity string) (st Ex
 		}
 		body = b
 		if err := put(recRegion, body); err != nil {
-			return st, fmt.Errorf("mem: export: %w", err)
+			return st, fmt.Errorf("gowarp: export: %w", err)
 		}
 		if r.file == nil {
 			if err := r.writeContent(ctx, bw); err != nil {
@@ -185,10 +185,10 @@ func (t *Table) Export(ctx context.Context, w io.Writer, identity string) (st Ex
 	}
 	end := ExportEnd{Regions: uint32(len(regs)), Bytes: uint64(st.Bytes)}
 	if err := put(recEnd, end.Append(body[:0])); err != nil {
-		return st, fmt.Errorf("mem: export: %w", err)
+		return st, fmt.Errorf("gowarp: export: %w", err)
 	}
 	if err := bw.Flush(); err != nil {
-		return st, fmt.Errorf("mem: export: %w", err)
+		return st, fmt.Errorf("gowarp: export: %w", err)
 	}
 	st.Regions, st.PDs = len(regs), len(pds)
 	st.Copy = time.Since(t0) - st.Drain
@@ -206,7 +206,7 @@ func (r *Region) writeContent(ctx context.Context, w io.Writer) error {
 			c := b[:min(len(b), exportChunk)]
 			crc = crc32.Update(crc, castagnoli, c)
 			if _, err := w.Write(c); err != nil {
-				return fmt.Errorf("mem: export: %w", err)
+				return fmt.Errorf("gowarp: export: %w", err)
 			}
 			b = b[len(c):]
 		}
@@ -394,7 +394,7 @@ func truncated(err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: the stream ends early", ErrBadExport)
 	}
-	return fmt.Errorf("mem: import: %w", err)
+	return fmt.Errorf("gowarp: import: %w", err)
 }
 
 // readContent reads n bytes of content and their CRC into new memory.
@@ -426,12 +426,12 @@ func readContent(ctx context.Context, r io.Reader, n uint64) ([]byte, error) {
 func importFile(e ExportRegion, open func(string) (*os.File, error)) (*fileMap, error) {
 	f, err := open(e.File)
 	if err != nil {
-		return nil, fmt.Errorf("mem: import of file region %v: %w", e.STag, err)
+		return nil, fmt.Errorf("gowarp: import of file region %v: %w", e.STag, err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("mem: import of file region %v: %w", e.STag, err)
+		return nil, fmt.Errorf("gowarp: import of file region %v: %w", e.STag, err)
 	}
 	if !st.Mode().IsRegular() || e.Length > uint64(st.Size()) || e.FileOff > st.Size()-int64(e.Length) {
 		return nil, fmt.Errorf("%w: file region %v: %d bytes at offset %d of %s, %d bytes long",

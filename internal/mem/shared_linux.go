@@ -19,11 +19,11 @@ func (t *Table) RegisterShared(pd uint32, n int, access Access, o Options) (*Reg
 	}
 	fd, err := unix.MemfdCreate("gowarp-mr", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		return nil, fmt.Errorf("mem: register shared: memfd_create: %w", err)
+		return nil, fmt.Errorf("gowarp: register shared: memfd_create: %w", err)
 	}
 	fail := func(what string, err error) (*Region, error) {
 		unix.Close(fd)
-		return nil, fmt.Errorf("mem: register shared: %s: %w", what, err)
+		return nil, fmt.Errorf("gowarp: register shared: %s: %w", what, err)
 	}
 	if err := unix.Ftruncate(fd, int64(n)); err != nil {
 		return fail("ftruncate", err)
@@ -57,7 +57,7 @@ func (s *Shared) free() error {
 	err := unix.Munmap(s.mem)
 	unix.Close(s.FD)
 	if err != nil {
-		return fmt.Errorf("mem: munmap: %w", err)
+		return fmt.Errorf("gowarp: munmap: %w", err)
 	}
 	return nil
 }

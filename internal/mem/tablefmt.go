@@ -46,7 +46,7 @@ const (
 
 // ErrBadExport is an export stream that cannot be imported: a bad magic,
 // version, length, CRC or field, or a stream cut short.
-var ErrBadExport = errors.New("mem: bad table export stream")
+var ErrBadExport = errors.New("gowarp: bad table export stream")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
