@@ -15,8 +15,13 @@ var ErrCQOverrun = errors.New("gowarp: completion queue overrun")
 
 // CQ is a completion queue, shared by any number of queue pairs.
 type CQ struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// ring holds the waiting completions; it grows, doubling, up to
+	// depth as they pile up (see push), so that a deep queue that stays
+	// shallow, as most do, costs what it holds: a session's 1,792
+	// entries were 86 KB each.
 	ring    []Completion
+	depth   int
 	head, n int
 	overrun bool
 	// ready is n > 0 || overrun, written under mu: an inline receiver
@@ -62,10 +67,25 @@ func (cq *CQ) onlyLocked() *QP {
 
 // NewCQ returns a completion queue holding up to depth completions.
 func NewCQ(depth int) *CQ {
-	if depth < 1 {
-		depth = 1
+	depth = max(depth, 1)
+	return &CQ{ring: make([]Completion, min(depth, cqFirst)), depth: depth, notify: make(chan struct{}, 1)}
+}
+
+// cqFirst is the length of a queue's first ring (see CQ.ring).
+const cqFirst = 64
+
+// grow doubles a full ring, up to the queue's depth, keeping the
+// completions in order; it reports false when the ring is the depth.
+// cq.mu is held.
+func (cq *CQ) grow() bool {
+	if len(cq.ring) >= cq.depth {
+		return false
 	}
-	return &CQ{ring: make([]Completion, depth), notify: make(chan struct{}, 1)}
+	r := make([]Completion, min(2*len(cq.ring), cq.depth))
+	k := copy(r, cq.ring[cq.head:])
+	copy(r[k:], cq.ring[:cq.head])
+	cq.ring, cq.head = r, 0
+	return true
 }
 
 // NewCQEvents returns a completion queue that reports its overrun to
@@ -77,14 +97,14 @@ func NewCQEvents(depth int, events Emitter) *CQ {
 }
 
 // Cap returns the queue's depth.
-func (cq *CQ) Cap() int { return len(cq.ring) }
+func (cq *CQ) Cap() int { return cq.depth }
 
 // push appends c; it reports false (and marks the queue overrun) when full.
 // fromRx says the receive path produced it: a waiter receiving inline sees
 // those itself; others ring it.
 func (cq *CQ) push(c *Completion, fromRx bool) bool {
 	cq.mu.Lock()
-	if cq.n == len(cq.ring) {
+	if cq.n == len(cq.ring) && !cq.grow() {
 		first := !cq.overrun
 		cq.overrun = true
 		cq.ready.Store(true)

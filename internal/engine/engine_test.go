@@ -212,3 +212,64 @@ func TestCQOnlyQP(t *testing.T) {
 		t.Fatalf("after one left, only %p, want %p", q, b)
 	}
 }
+
+// TestCQGrows: a queue's ring starts small and grows as completions wait,
+// up to the depth asked, which alone bounds it: the completions come out
+// in order across every growth, from any place the ring had wrapped to,
+// and the one past the depth is an overrun.
+func TestCQGrows(t *testing.T) {
+	for _, depth := range []int{1, 63, 64, 65, 300, 1 << 30} {
+		cq := NewCQ(depth)
+		if cq.Cap() != depth {
+			t.Fatalf("depth %d: Cap %d", depth, cq.Cap())
+		}
+		if len(cq.ring) > cqFirst {
+			t.Fatalf("depth %d: a ring of %d entries at first", depth, len(cq.ring))
+		}
+		var out [7]Completion
+		pushed, polled := uint64(0), uint64(0)
+		push := func() bool {
+			pushed++
+			return cq.push(&Completion{ID: pushed}, true)
+		}
+		take := func(k int) {
+			n := cq.Poll(out[:k])
+			for _, c := range out[:n] {
+				polled++
+				if c.ID != polled {
+					t.Fatalf("depth %d: completion %d came out %d-th", depth, c.ID, polled)
+				}
+			}
+		}
+		// Wrap the first ring: fill most of it, take some, fill again.
+		for range min(depth, cqFirst) - 1 {
+			push()
+		}
+		take(5)
+		// Then fill to the depth (at most 1,000), taking a few on the way.
+		want := min(depth, 1000)
+		for i := 0; cq.Len() < want; i++ {
+			if !push() {
+				t.Fatalf("depth %d: overrun with %d waiting", depth, cq.Len())
+			}
+			if i%97 == 0 && cq.Len() < want-7 {
+				take(7)
+			}
+		}
+		if depth <= 1000 {
+			if push() {
+				t.Fatalf("depth %d: no overrun with the queue full", depth)
+			}
+			pushed-- // lost
+			if len(cq.ring) != depth {
+				t.Errorf("depth %d: ring of %d at its fullest", depth, len(cq.ring))
+			}
+		}
+		for cq.Len() > 0 {
+			take(7)
+		}
+		if polled != pushed {
+			t.Fatalf("depth %d: %d completions out of %d", depth, polled, pushed)
+		}
+	}
+}
