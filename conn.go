@@ -214,7 +214,9 @@ const NoReads = -1
 // and dials from it (see Device.Place and QP.Adapter). Options no peer
 // could accept (ErrPrivateDataLong, ErrMPARevision, a bad tenant name),
 // and a ctx already done, fail before the dial and leave the queue pair
-// idle.
+// idle. Any later failure (a dial refused or unresolved, a rejection, a
+// ctx done meanwhile) leaves it in StateError, as a failed connection
+// leaves a verbs queue pair: to try again, make a new one.
 func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 	// Options no peer could accept fail before the dial, and leave the
 	// queue pair idle for a Connect with others.
