@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gowarp/gowarp/internal/engine"
 	"github.com/gowarp/gowarp/internal/failover"
 )
 
@@ -1101,8 +1102,15 @@ func (s *Session) complete() {
 		if e.wr.Flags&Signaled != 0 {
 			s.push(SessionCompletion{ID: e.wr.ID, Op: compOp(e.wr.Op), Bytes: e.bytes})
 		}
+		s.retire(e)
 		s.head++
 	}
+}
+
+// retire ends a send entry's pins (see PostSend) and drops its references.
+func (s *Session) retire(e *sendEntry) {
+	engine.UnpinSGL(engSGEs(e.sges[1 : 1+e.n]))
+	e.sges = [MaxSGE]SGE{}
 }
 
 func compOp(o WROp) CompletionOp {
@@ -1167,6 +1175,13 @@ func (s *Session) PostSend(wr *SendWR) error {
 	}
 	if s.tail-s.head == uint64(len(s.ring)) || s.full() {
 		return ErrQueueFull
+	}
+	// Checked and pinned now: the session posts it later, and again on
+	// another connection after a fail-over. A bad SGE found then failed
+	// the connection, and the next, and every one after (2,700 fail-overs
+	// in 2 s) until the deadline; a region deregistered meanwhile too.
+	if err := engine.CheckPinSGL(engSGEs(wr.SGL), wr.Op == OpRead); err != nil {
+		return err
 	}
 	abs := s.tail
 	slot := abs % uint64(len(s.ring))
@@ -1329,6 +1344,7 @@ func (s *Session) failLocked(err error) {
 	for ; s.head < s.tail; s.head++ {
 		e := &s.ring[s.head%uint64(len(s.ring))]
 		s.push(SessionCompletion{ID: e.wr.ID, Op: compOp(e.wr.Op), Err: err})
+		s.retire(e)
 	}
 	s.posted = s.tail
 	for ; s.rHead < s.rTail; s.rHead++ {

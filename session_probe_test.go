@@ -1,6 +1,8 @@
 package gowarp_test
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -117,6 +119,70 @@ func TestSessionIdleDetection(t *testing.T) {
 		// before; a loaded host's timers may be a little late.
 		if d > cfg.HeartbeatTimeout+400*time.Millisecond {
 			t.Errorf("%s: the connection ended %v after, want at most %v", tc.name, d, cfg.HeartbeatTimeout)
+		}
+	}
+}
+
+// TestSessionBadSGE: a session checks a work request's SGEs when it is
+// posted, and keeps their regions while it may still send it. A bad SGE
+// is the post's ErrLocalAccess. Before, the session took it, and the
+// post of it on the wire failed each connection in turn: 2,700
+// fail-overs in 2 s, until the deadline failed the session. A region
+// under an outstanding Send cannot be deregistered; once the Send
+// completes, it can.
+func TestSessionBadSGE(t *testing.T) {
+	cli, srv, pd := loopSession(t, gowarp.SessionConfig{})
+	mr, err := pd.Register(make([]byte, 64), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, _ := pd.Register(make([]byte, 64), 0) // no LocalWrite
+	for _, tc := range []struct {
+		name string
+		wr   gowarp.SendWR
+	}{
+		{"outside the region", gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Offset: 100, Length: 8}}}},
+		{"no region", gowarp.SendWR{Op: gowarp.OpWrite, SGL: []gowarp.SGE{{Length: 8}}, RKey: 1}},
+		{"negative length", gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: mr, Length: -1}}}},
+		{"a Read into a region without LocalWrite", gowarp.SendWR{Op: gowarp.OpRead, SGL: []gowarp.SGE{{MR: sink, Length: 8}}, RKey: 1}},
+	} {
+		if err := cli.PostSend(&tc.wr); !errors.Is(err, gowarp.ErrLocalAccess) {
+			t.Errorf("%s: %v, want ErrLocalAccess", tc.name, err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if st := cli.Stats(); st.Failovers != 0 || st.Conns != 2 {
+		t.Fatalf("after the refused posts: %+v", st)
+	}
+
+	// A Send's region stays registered until the Send completes.
+	if err := srv.PostRecv(&gowarp.RecvWR{ID: 7, SGL: []gowarp.SGE{{MR: sink, Length: 64}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.PostSend(&gowarp.SendWR{ID: 5, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: mr, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mr.Deregister(); err != nil && !errors.Is(err, gowarp.ErrRegionBusy) {
+		t.Fatalf("Deregister under a Send: %v", err)
+	} else if err == nil {
+		// The Send may have completed already (acknowledged); then its
+		// completion is waiting.
+		t.Log("the Send completed before Deregister")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wc [1]gowarp.SessionCompletion
+	for cli.Poll(wc[:]) == 0 {
+		if err := cli.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if wc[0].ID != 5 || wc[0].Err != nil {
+		t.Fatalf("completion %+v", wc[0])
+	}
+	if mr.Valid() {
+		if err := mr.Deregister(); err != nil {
+			t.Fatalf("Deregister after the Send completed: %v", err)
 		}
 	}
 }

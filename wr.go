@@ -181,6 +181,10 @@ func engSendWRs(wrs []SendWR) []engine.SendWR {
 	return unsafe.Slice((*engine.SendWR)(unsafe.Pointer(unsafe.SliceData(wrs))), len(wrs))
 }
 
+func engSGEs(sges []SGE) []engine.SGE {
+	return unsafe.Slice((*engine.SGE)(unsafe.Pointer(unsafe.SliceData(sges))), len(sges))
+}
+
 func engRecvWRs(wrs []RecvWR) []engine.RecvWR {
 	return unsafe.Slice((*engine.RecvWR)(unsafe.Pointer(unsafe.SliceData(wrs))), len(wrs))
 }

@@ -591,6 +591,24 @@ func checkLocal(s *SGE, write bool) error {
 	return nil
 }
 
+// CheckPinSGL checks a work request's SGEs as a post does (write: the
+// regions are written here, as a Read's sink is) and pins their regions
+// until UnpinSGL: for a layer that keeps work requests to post later, and
+// again after a fail-over (gowarp's sessions), so that a bad SGE is the
+// post's error, not every later connection's, and no region goes while
+// the work request may still be sent.
+func CheckPinSGL(sges []SGE, write bool) error {
+	for i := range sges {
+		if err := checkLocal(&sges[i], write); err != nil {
+			return err
+		}
+	}
+	return pinSGEs(sges)
+}
+
+// UnpinSGL ends CheckPinSGL's pins.
+func UnpinSGL(sges []SGE) { unpinSGEs(sges) }
+
 // pinSGEs pins the regions of a work request's SGEs, which were checked
 // before; a region whose Deregister has begun since fails it.
 func pinSGEs(sges []SGE) error {
