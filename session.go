@@ -1137,9 +1137,11 @@ func (s *Session) push(c SessionCompletion) {
 // PostSend posts a Send (OpSend), Write (OpWrite) or Read (OpRead) on the
 // session. A Send carries at most MaxSGE-1 SGEs (the fail-over header
 // takes one) and the peer's MaxMessage bytes; other operations and flags
-// beyond Signaled, Solicited and Fence are ErrBadOp. Its buffers must stay
-// unchanged until it completes: the session may send them again until
-// the peer has acknowledged them.
+// beyond Signaled, Solicited and Fence are ErrBadOp. Its SGEs are checked
+// as a queue pair's post checks them (ErrLocalAccess), and their regions
+// stay pinned until it completes (Deregister fails with ErrRegionBusy).
+// Its buffers must stay unchanged until then: the session may send them
+// again until the peer has acknowledged them.
 func (s *Session) PostSend(wr *SendWR) error {
 	if wr == nil {
 		return ErrNilWR
