@@ -155,20 +155,22 @@ func TestSessionBadSGE(t *testing.T) {
 		t.Fatalf("after the refused posts: %+v", st)
 	}
 
-	// A Send's region stays registered until the Send completes.
+	// A Send's region stays registered until the Send completes: the
+	// server's goroutine is held still, so no acknowledgement comes and
+	// the Send stays outstanding (the queue pair's own pin ended when the
+	// socket took it).
 	if err := srv.PostRecv(&gowarp.RecvWR{ID: 7, SGL: []gowarp.SGE{{MR: sink, Length: 64}}}); err != nil {
 		t.Fatal(err)
 	}
+	release := gowarp.StallSession(srv)
 	if err := cli.PostSend(&gowarp.SendWR{ID: 5, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: mr, Length: 8}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := mr.Deregister(); err != nil && !errors.Is(err, gowarp.ErrRegionBusy) {
-		t.Fatalf("Deregister under a Send: %v", err)
-	} else if err == nil {
-		// The Send may have completed already (acknowledged); then its
-		// completion is waiting.
-		t.Log("the Send completed before Deregister")
+	time.Sleep(50 * time.Millisecond) // sent, not acknowledged
+	if err := mr.Deregister(); !errors.Is(err, gowarp.ErrRegionBusy) {
+		t.Errorf("Deregister under an outstanding Send: %v, want ErrRegionBusy", err)
 	}
+	release()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var wc [1]gowarp.SessionCompletion
@@ -180,9 +182,24 @@ func TestSessionBadSGE(t *testing.T) {
 	if wc[0].ID != 5 || wc[0].Err != nil {
 		t.Fatalf("completion %+v", wc[0])
 	}
-	if mr.Valid() {
-		if err := mr.Deregister(); err != nil {
-			t.Fatalf("Deregister after the Send completed: %v", err)
-		}
+	if err := mr.Deregister(); err != nil {
+		t.Fatalf("Deregister after the Send completed: %v", err)
+	}
+
+	// A session that ends ends its pins: a Send still outstanding at
+	// Close completes with ErrSessionClosed, and its region can go.
+	other, _ := pd.Register(make([]byte, 64), 0)
+	release = gowarp.StallSession(srv)
+	defer release()
+	if err := cli.PostSend(&gowarp.SendWR{ID: 6, Op: gowarp.OpSend, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: other, Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := other.Deregister(); !errors.Is(err, gowarp.ErrRegionBusy) {
+		t.Errorf("Deregister under an outstanding Send: %v, want ErrRegionBusy", err)
+	}
+	cli.Close()
+	if err := other.Deregister(); err != nil {
+		t.Errorf("Deregister after the session closed: %v", err)
 	}
 }
