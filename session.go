@@ -223,7 +223,6 @@ type Session struct {
 	tx     *sconn         // the connection this side sends on
 	downAt time.Time      // since when no connection was up
 	rearm  bool           // a pong came: the next heartbeat moves (see nextBeat)
-	heard  bool           // a connection took a message in since progress last looked
 	beats  uint64         // heartbeats run
 	stats  SessionStats   // Failovers, Resent, Duplicates, Joins (Conns, TxPath: Stats derives them)
 	wc     [64]Completion // the internal CQ's, polled under mu
@@ -687,16 +686,17 @@ func (s *Session) progress() {
 	if s.err != nil {
 		return
 	}
-	if s.heard {
-		// The peer was heard from now: one clock read per burst, not
-		// per message, and not as late as the next heartbeat, which an
-		// idle session may not run for a while (see nextBeat).
-		s.heard = false
-		t := now()
-		for _, c := range s.conns {
-			if c != nil && c.rx != c.rxSeen {
-				c.rxSeen, c.heardAt = c.rx, t
+	// A connection that took messages in was heard from now: one clock
+	// read per burst, not per message, and not as late as the next
+	// heartbeat, which an idle session may not run for a while (see
+	// nextBeat).
+	var t int64
+	for _, c := range s.conns {
+		if c != nil && c.rx != c.rxSeen {
+			if t == 0 {
+				t = now()
 			}
+			c.rxSeen, c.heardAt = c.rx, t
 		}
 	}
 	s.deliver()
@@ -760,7 +760,6 @@ func (s *Session) handle(wc *Completion) {
 // received handles a message the peer sent on c into receive slot.
 func (s *Session) received(c *sconn, slot int, wc *Completion) {
 	c.rx++
-	s.heard = true
 	if wc.WithImm { // a Write: its sequence number rides in Imm
 		seq := s.rcvd + 1 + uint64(int64(int32(wc.Imm-uint32(s.rcvd+1))))
 		s.accept(c, slot, seq, 0, true)
@@ -924,10 +923,7 @@ func (s *Session) heartbeat() {
 		if c == nil || c.dead {
 			continue
 		}
-		if c.rx != c.rxSeen {
-			c.rxSeen, c.heardAt = c.rx, t
-		}
-		quiet := time.Duration(t - c.heardAt)
+		quiet := time.Duration(t - c.heardAt) // progress, just before, noted what was heard
 		switch {
 		case quiet > s.cfg.HeartbeatTimeout:
 			s.dead(c, "heartbeat unanswered")
