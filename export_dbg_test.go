@@ -84,3 +84,15 @@ func SessionProbes(s *Session) []uint64 {
 	}
 	return n
 }
+
+// SessionNextLook returns when the goroutine of s would next look at its
+// connections, were it to go to sleep now: bounds lo and hi on the
+// session clock (ns since its epoch), and the heartbeat interval.
+func SessionNextLook(s *Session) (lo, hi int64, iv int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t0 := now()
+	d := s.nextBeat()
+	t1 := now()
+	return t0 + int64(d), t1 + int64(d), int64(s.cfg.HeartbeatInterval)
+}

@@ -67,7 +67,9 @@ type SessionConfig struct {
 	// connection is not probed, and an idle one by one side only.
 	// HeartbeatInterval (default 100 ms) is the least time between two
 	// looks at the connections, and their timing's grain. An idle
-	// session looks only when a probe or a timeout is due.
+	// session looks only when a probe or a timeout is due, at the
+	// interval's next multiple, the instants every session of the
+	// process keeps: its wake-ups come in batches.
 	HeartbeatInterval, HeartbeatTimeout time.Duration
 	// Connect is used for every connection of the session. Its
 	// PrivateData and Extensions are the session's own (Writes travel as
@@ -974,7 +976,14 @@ func (s *Session) nextBeat() time.Duration {
 	if !up {
 		return iv
 	}
-	return max(iv, time.Duration(due-t))
+	d := max(iv, time.Duration(due-t))
+	// Wake on the interval's grid, as the sessions of the process all
+	// do: they then look at the same instants, and the runtime wakes
+	// once for a batch of them, not once per session.
+	if r := time.Duration((t + int64(d)) % int64(iv)); r != 0 {
+		d += iv - r
+	}
+	return d
 }
 
 // dead ends connection c: its queue pair is closed (its completions all
