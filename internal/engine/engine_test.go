@@ -250,6 +250,7 @@ func TestCQPollEmpty(t *testing.T) {
 		t.Fatalf("Wait after the overrun: %v", err)
 	}
 }
+
 // and the one past the depth is an overrun.
 func TestCQGrows(t *testing.T) {
 	for _, depth := range []int{1, 63, 64, 65, 300, 1 << 30} {
