@@ -213,10 +213,6 @@ func TestCQOnlyQP(t *testing.T) {
 	}
 }
 
-// TestCQGrows: a queue's ring starts small and grows as completions wait,
-// up to the depth asked, which alone bounds it: the completions come out
-// in order across every growth, from any place the ring had wrapped to,
-
 // TestCQPollEmpty: a poll of an empty queue returns at once without the
 // queue's lock, which a push may be holding (a spinning poller contended
 // with the receive path for it, and paid three atomic operations per
@@ -251,6 +247,9 @@ func TestCQPollEmpty(t *testing.T) {
 	}
 }
 
+// TestCQGrows: a queue's ring starts small and grows as completions wait,
+// up to the depth asked, which alone bounds it: the completions come out
+// in order across every growth, from any place the ring had wrapped to,
 // and the one past the depth is an overrun.
 func TestCQGrows(t *testing.T) {
 	for _, depth := range []int{1, 63, 64, 65, 300, 1 << 30} {
