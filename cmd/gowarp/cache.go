@@ -87,43 +87,58 @@ func runCache(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	asJSON := fs.Bool("json", false, "stat: print JSON")
 	quietFlag := fs.Bool("q", false, "no progress bar")
 	cf := addClusterFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
 	}
 	want := map[string][2]int{"put": {1, 2}, "get": {1, 2}, "del": {1, 1}, "ls": {0, 1}, "stat": {0, 0}, "members": {0, 0}}[sub]
-	if fs.NArg() < want[0] || fs.NArg() > want[1] || sub == "members" && !cf.on() {
-		fs.Usage()
+	if len(pos) < want[0] || len(pos) > want[1] {
+		fmt.Fprintf(stderr, "gowarp cache %s: %s, not %q\n", sub, cacheArgs[sub], pos)
 		return exitUsage
+	}
+	if sub == "members" && !cf.on() {
+		fmt.Fprintln(stderr, "gowarp cache members: a cluster's, with -etcd (or $GOWARP_ETCD)")
+		return exitUsage
+	}
+	arg := func(i int) string {
+		if i < len(pos) {
+			return pos[i]
+		}
+		return ""
+	}
+	// A failure names the command (the cache's errors name the key);
+	// the cache package's own "cache: " would say "cache" twice.
+	failed := func(err error) int {
+		fmt.Fprintf(stderr, "gowarp cache %s: %s\n", sub, strings.TrimPrefix(err.Error(), "cache: "))
+		return exitFailure
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if cf.on() {
-		if err := cacheClusterCommand(ctx, cf, sub, fs.Args(), *durable, stdout, stderr, log); err != nil {
-			fmt.Fprintln(stderr, "gowarp cache:", err)
-			return exitFailure
+		if err := cacheClusterCommand(ctx, cf, sub, pos, *durable, stdout, stderr, log); err != nil {
+			return failed(err)
 		}
 		return exitOK
 	}
 	cl, err := cache.Dial(ctx, *addr, cache.ClientOptions{Device: gowarp.Open(gowarp.WithLogger(log)), Logger: log})
 	if err != nil {
-		fmt.Fprintln(stderr, "gowarp cache:", err)
-		return exitFailure
+		return failed(err)
 	}
 	defer cl.Close()
 	switch sub {
 	case "put":
-		err = cachePut(ctx, cl, fs.Arg(0), fs.Arg(1), *durable, newBar(stderr, *quietFlag, "put "+fs.Arg(0)))
+		err = cachePut(ctx, cl, arg(0), arg(1), *durable, newBar(stderr, *quietFlag, "put "+arg(0)))
 	case "get":
-		err = cacheGet(ctx, cl, fs.Arg(0), fs.Arg(1), stdout, newBar(stderr, *quietFlag, "get "+fs.Arg(0)))
+		err = cacheGet(ctx, cl, arg(0), arg(1), stdout, newBar(stderr, *quietFlag, "get "+arg(0)))
 	case "del":
-		err = cl.Delete(ctx, fs.Arg(0))
+		err = cl.Delete(ctx, arg(0))
 	case "ls":
 		var keys []string
-		if keys, err = cl.List(ctx, fs.Arg(0), 0); err == nil {
+		if keys, err = cl.List(ctx, arg(0), 0); err == nil {
 			for _, k := range keys {
 				fmt.Fprintln(stdout, k)
 			}
@@ -135,10 +150,15 @@ func runCache(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "gowarp cache:", err)
-		return exitFailure
+		return failed(err)
 	}
 	return exitOK
+}
+
+// cacheArgs says what each client command takes, for a wrong count.
+var cacheArgs = map[string]string{
+	"put": "want KEY [FILE]", "get": "want KEY [FILE]", "del": "want KEY",
+	"ls": "want at most a PREFIX", "stat": "want no argument", "members": "want no argument",
 }
 
 func cacheServe(ctx context.Context, fs *flag.FlagSet, addr *string, args []string, stderr io.Writer) int {

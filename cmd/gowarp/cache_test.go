@@ -69,8 +69,29 @@ func TestCacheCommands(t *testing.T) {
 	if code, _, _ := runCmd(t, ctx, "cache", "del", addr, "s"); code != exitOK {
 		t.Fatal("del failed")
 	}
-	if code, _, errs := runCmd(t, ctx, "cache", "get", addr, "s"); code != exitFailure || !strings.Contains(errs, "not found") {
-		t.Fatalf("get of a deleted key: exit %d, %s", code, errs)
+	if code, _, errs := runCmd(t, ctx, "cache", "get", addr, "s"); code != exitFailure || errs != "gowarp cache get: key not found: \"s\"\n" {
+		t.Fatalf("get of a deleted key: exit %d, %q", code, errs)
+	}
+	// Flags may follow the arguments, as users type them; after "--" a
+	// key may start with '-'.
+	if code, out, errs := runCmd(t, ctx, "cache", "get", "b", filepath.Join(dir, "big.2"), addr, "-q"); code != exitOK {
+		t.Fatalf("get with the flags last: exit %d, %q, %s", code, out, errs)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "big.2")); !bytes.Equal(got, big) {
+		t.Fatalf("get with the flags last: got %d bytes back, put %d", len(got), len(big))
+	}
+	if code, _, errs := runCmd(t, ctx, "cache", "put", addr, "--", "-k", filepath.Join(dir, "small")); code != exitOK {
+		t.Fatalf("put -- -k: exit %d, %s", code, errs)
+	}
+	if code, out, errs := runCmd(t, ctx, "cache", "ls", addr); code != exitOK || out != "-k\nb\n" {
+		t.Fatalf("ls: exit %d, %q, %s", code, out, errs)
+	}
+	// A wrong count says what the command takes, in a line.
+	for _, args := range [][]string{{"get"}, {"get", "a", "b", "c"}, {"del", "a", "b"}, {"ls", "a", "b"}, {"stat", "a"}} {
+		code, _, errs := runCmd(t, ctx, append(append([]string{"cache"}, args...), addr)...)
+		if code != exitUsage || !strings.HasPrefix(errs, "gowarp cache "+args[0]+": want ") || strings.Count(errs, "\n") != 1 {
+			t.Errorf("%q: exit %d, %q", args, code, errs)
+		}
 	}
 }
 

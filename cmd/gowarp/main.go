@@ -112,6 +112,29 @@ func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// parseInterleaved parses fs's flags wherever they sit among args, as
+// users type them ("get KEY -addr host:port", perftest's "TEST -s 8
+// HOST"), and returns the other arguments in order; after "--" every
+// argument is one. The flag package alone stops at the first argument
+// that is not a flag.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
 // printFlags writes every flag of fs with its default, unlike
 // flag.PrintDefaults, which leaves out zero defaults (false, 0, "") and so
 // hides what a flag does when it is not given.

@@ -62,20 +62,12 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	debug := fs.Bool("d", false, "log gowarp's connection events and protocol errors to stderr")
 	// perftest puts the test first and the host last; flags may sit
 	// between.
-	var pos []string
-	rest := args
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return 2
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
 		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		rest = fs.Args()[1:]
+		return 2
 	}
 	for _, p := range pos {
 		switch {
@@ -117,7 +109,6 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return addr
 	}
 	var r *perftest.Result
-	var err error
 	if *client != "" {
 		o.Addr = withPort(*client)
 		r, err = perftest.Run(ctx, dev, o)
