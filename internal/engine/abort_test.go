@@ -5,11 +5,13 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gowarp/gowarp/internal/mem"
+	"github.com/gowarp/gowarp/wire"
 )
 
 // abortLink stands for a TCP connection that TCP aborts while a write
@@ -127,6 +129,70 @@ func TestAbortedNeitherTakes(t *testing.T) {
 	abortWait = time.Hour
 	defer func() { abortWait = old }()
 	if err := abortUnderWrite(t, &abortLink{abort: make(chan struct{}), neither: true}); !errors.Is(err, ErrLinkLost) {
+		t.Errorf("Err %v, want ErrLinkLost", err)
+	}
+}
+
+// rxAbortLink brings one FPDU, then end-of-file, and fails every write
+// with EPIPE on a connection TCP has aborted (a peer's FIN, then its
+// reset when our bytes reached its closed socket, recorded EPIPE).
+type rxAbortLink struct {
+	streamLink
+	in   []byte
+	read atomic.Int32
+}
+
+func (l *rxAbortLink) Readv(bufs [][]byte) (int, error) {
+	if l.read.Add(1) == 1 {
+		return copy(bufs[0], l.in), nil
+	}
+	return 0, io.EOF
+}
+
+func (l *rxAbortLink) Writev([][]byte, []int, bool) (int, error) { return 0, syscall.EPIPE }
+func (l *rxAbortLink) Aborted() bool                             { return l.read.Load() > 0 }
+func (l *rxAbortLink) Close() error                              { return nil }
+
+// TestAbortedWriteFromReceive: the receive path answers a Read Request
+// itself, and its write meets the aborted connection. No other reader
+// can bring a better error, the writer being the reader: the queue pair
+// must fail at once. It waited abortWait (1 s) for itself: in a user's
+// program of 50 queue pairs closed at random, Disconnect took 0.9–1 s
+// where the peer had closed.
+func TestAbortedWriteFromReceive(t *testing.T) {
+	old := abortWait
+	abortWait = time.Hour
+	defer func() { abortWait = old }()
+	table := mem.NewTable()
+	m, err := table.Register(1, [][]byte{make([]byte, 4096)}, mem.RemoteRead, mem.Options{Addr: 0x1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq := NewCQ(64)
+	q, err := NewQP(Config{SendDepth: 8, RecvDepth: 8, SendCQ: cq, RecvCQ: cq, PD: 1, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := chdr(wire.OpReadRequest)
+	h.MSN = 1
+	rr := wire.ReadRequest{SinkSTag: 0x77, SinkTO: 0, Size: 64, SourceSTag: uint32(m.STag()), SourceTO: 0x1000}
+	u := rr.Append(h.Append(nil))
+	in, err := wire.AppendFPDU(nil, u, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := net.Pipe()
+	l := &rxAbortLink{streamLink: streamLink{c: c}, in: in}
+	if err := q.Start(l, Params{IRD: 4, ORD: 4}); err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	select {
+	case <-q.failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue pair has not failed 10 s after its write met the aborted connection")
+	}
+	if err := q.Err(); !errors.Is(err, ErrLinkLost) {
 		t.Errorf("Err %v, want ErrLinkLost", err)
 	}
 }

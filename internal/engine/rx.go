@@ -336,7 +336,7 @@ func (q *QP) rxFailed(err error) {
 		// If TCP ended the connection itself and a write took the error,
 		// the read sees only the end: it must not overtake the writer's
 		// error with "peer closed".
-		if !q.failAborted(linkErr(syscall.ECONNABORTED)) {
+		if !q.failAborted(linkErr(syscall.ECONNABORTED), true) {
 			q.fail(ErrPeerClosed)
 		}
 	case errors.Is(err, net.ErrClosed):
@@ -365,8 +365,11 @@ var abortWait = time.Second // a var for tests
 // sees end-of-file, or the write that sees EPIPE, while the other side of
 // the queue pair holds ETIMEDOUT or ECONNRESET. That side fails the queue
 // pair with it in a moment; failAborted waits for it, up to abortWait,
-// and fails with fallback after that.
-func (q *QP) failAborted(fallback error) bool {
+// and fails with fallback after that. A writer (wait false) does not
+// wait but leaves a timer to do so: it may be the reader itself, as the
+// receive path answers Read Requests and starts queued work inline, and
+// it waited abortWait for itself (TestAbortedWriteFromReceive).
+func (q *QP) failAborted(fallback error, wait bool) bool {
 	a, ok := q.link.(aborter)
 	if !ok || !a.Aborted() {
 		return false
@@ -377,6 +380,12 @@ func (q *QP) failAborted(fallback error) bool {
 		// which the write took). Waiting on each other cost a second
 		// (a session's fail-over after its peer moved paused so).
 		q.fail(fallback)
+		return true
+	}
+	if !wait {
+		// The reader, on its way to the end, comes here second and
+		// fails the queue pair at once, unless it took the error itself.
+		time.AfterFunc(abortWait, func() { q.fail(fallback) })
 		return true
 	}
 	t := time.NewTimer(abortWait)

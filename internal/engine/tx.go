@@ -372,7 +372,7 @@ func (q *QP) transmit(block bool) {
 			closeLink := q.releaseTxLocked()
 			term := q.termDone != nil
 			q.mu.Unlock()
-			if !errors.Is(err, syscall.EPIPE) || !q.failAborted(linkErr(err)) {
+			if !errors.Is(err, syscall.EPIPE) || !q.failAborted(linkErr(err), false) {
 				q.fail(linkErr(err))
 			}
 			if closeLink {
