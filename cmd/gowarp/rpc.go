@@ -51,8 +51,12 @@ func runRPC(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUsage
 	}
-	if !bench || fs.NArg() > 0 {
+	switch {
+	case !bench:
 		fs.Usage()
+		return exitUsage
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "gowarp rpc bench: unexpected arguments %q\n", fs.Args())
 		return exitUsage
 	}
 	cs, err1 := ints(*conc)

@@ -45,3 +45,12 @@ func TestRPCBenchBadTouch(t *testing.T) {
 		t.Fatalf("-touch 200: exit %d, stderr:\n%s", code, errs)
 	}
 }
+
+// TestRPCBenchExtraArgs: an argument the command does not take is named
+// in one line, not answered with the whole usage.
+func TestRPCBenchExtraArgs(t *testing.T) {
+	code, _, errs := runCmd(t, context.Background(), "rpc", "bench", "-duration", "50ms", "extra")
+	if code != exitUsage || errs != "gowarp rpc bench: unexpected arguments [\"extra\"]\n" {
+		t.Fatalf("exit %d, stderr:\n%s", code, errs)
+	}
+}
