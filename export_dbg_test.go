@@ -96,3 +96,11 @@ func SessionNextLook(s *Session) (lo, hi int64, iv int64) {
 	t1 := now()
 	return t0 + int64(d), t1 + int64(d), int64(s.cfg.HeartbeatInterval)
 }
+
+// SessionTakenIn returns how many messages s has taken in from its peer
+// and how many of them it has delivered.
+func SessionTakenIn(s *Session) (rcvd, dlvd uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rcvd, s.dlvd
+}

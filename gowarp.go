@@ -322,6 +322,17 @@ func (pd *PD) Alloc(n int, access Access) (*MR, error) {
 	return pubMR(r), nil
 }
 
+// registerAnon is Alloc's counterpart for memory only this process
+// uses, outside the Go heap (mem.RegisterAnon): after Deregister it is
+// gone, so nothing may keep a slice of it.
+func (pd *PD) registerAnon(n int, access Access) (*MR, error) {
+	r, err := pd.tbl.t.RegisterAnon(pd.id, n, mem.Access(access), mem.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return pubMR(r), nil
+}
+
 func (pd *PD) register(bufs [][]byte, access Access, o mem.Options) (*MR, error) {
 	r, err := pd.tbl.t.Register(pd.id, bufs, mem.Access(access), o)
 	if err != nil {

@@ -116,8 +116,9 @@ type Region struct {
 	// so that Lookup reads it without a lock.
 	file *fileMap
 	// shared is the memory of a region made by RegisterShared, nil for
-	// others.
+	// others; anon that of one made by RegisterAnon.
 	shared *Shared
+	anon   []byte
 	sem    Semantics
 	keys   atomic.Pointer[keySet]
 
@@ -586,6 +587,9 @@ func (t *Table) Deregister(r *Region) error {
 	}
 	if r.shared != nil {
 		return r.shared.free()
+	}
+	if r.anon != nil {
+		return freeAnon(r.anon)
 	}
 	return nil
 }

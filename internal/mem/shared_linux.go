@@ -61,3 +61,35 @@ func (s *Shared) free() error {
 	}
 	return nil
 }
+
+// RegisterAnon registers n bytes of new, zeroed memory mapped privately
+// from the kernel, outside the Go heap: its pages cost nothing until
+// touched, the garbage collector neither counts nor scans them, and
+// Deregister gives them back at once. Buffers that are mostly never
+// touched (a session's receive slots) belong here: from the heap, the
+// next owner of freed memory zeroes, so touches, all of it, and the
+// runtime counts it whole against GOMEMLIMIT. Once Deregister has
+// returned nil the memory must not be touched again.
+func (t *Table) RegisterAnon(pd uint32, n int, access Access, o Options) (*Region, error) {
+	if n <= 0 {
+		return nil, ErrEmpty
+	}
+	m, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("gowarp: register: mmap: %w", err)
+	}
+	r, err := t.Register(pd, [][]byte{m}, access, o)
+	if err != nil {
+		unix.Munmap(m)
+		return nil, err
+	}
+	r.anon = m // set before the caller has r: only its Deregister reads it
+	return r, nil
+}
+
+func freeAnon(m []byte) error {
+	if err := unix.Munmap(m); err != nil {
+		return fmt.Errorf("gowarp: munmap: %w", err)
+	}
+	return nil
+}
