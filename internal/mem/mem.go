@@ -115,10 +115,10 @@ type Region struct {
 	// holds the region's further keys (Expose), replaced whole on change
 	// so that Lookup reads it without a lock.
 	file *fileMap
-	// shared is the memory of a region made by RegisterShared, nil for
-	// others; anon that of one made by RegisterAnon.
+	// shared is the memory of a region made by RegisterShared or
+	// RegisterAnon (FD -1), nil for others: in the struct already, so
+	// the second costs the region no field.
 	shared *Shared
-	anon   []byte
 	sem    Semantics
 	keys   atomic.Pointer[keySet]
 
@@ -587,9 +587,6 @@ func (t *Table) Deregister(r *Region) error {
 	}
 	if r.shared != nil {
 		return r.shared.free()
-	}
-	if r.anon != nil {
-		return freeAnon(r.anon)
 	}
 	return nil
 }

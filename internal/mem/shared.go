@@ -12,7 +12,8 @@ import (
 // memfd mapped shared, which a peer process on this host maps too (by
 // /proc/<PID>/fd/<FD>, checked against Ino), so that a shared-memory
 // link hands it bytes of the region by reference and the peer copies
-// them once, straight to their place.
+// them once, straight to their place. RegisterAnon's private memory
+// uses it too, with FD -1, and is never listed.
 type Shared struct {
 	ID   uint32 // unique in the process
 	PID  int

@@ -53,9 +53,11 @@ func (t *Table) RegisterShared(pd uint32, n int, access Access, o Options) (*Reg
 
 // free unmaps the segment and closes its memfd: the region is gone.
 func (s *Shared) free() error {
-	removeShared(s)
+	if s.FD >= 0 { // not RegisterAnon's
+		removeShared(s)
+		unix.Close(s.FD)
+	}
 	err := unix.Munmap(s.mem)
-	unix.Close(s.FD)
 	if err != nil {
 		return fmt.Errorf("gowarp: munmap: %w", err)
 	}
@@ -83,13 +85,8 @@ func (t *Table) RegisterAnon(pd uint32, n int, access Access, o Options) (*Regio
 		unix.Munmap(m)
 		return nil, err
 	}
-	r.anon = m // set before the caller has r: only its Deregister reads it
+	// Never listed (addShared): no peer maps it.
+	r.shared = &Shared{FD: -1, Size: n, mem: m} // set before the caller has r: only its Deregister reads it
 	return r, nil
 }
 
-func freeAnon(m []byte) error {
-	if err := unix.Munmap(m); err != nil {
-		return fmt.Errorf("gowarp: munmap: %w", err)
-	}
-	return nil
-}

@@ -21,5 +21,3 @@ func (t *Table) RegisterAnon(pd uint32, n int, access Access, o Options) (*Regio
 	}
 	return t.Register(pd, [][]byte{make([]byte, n)}, access, o)
 }
-
-func freeAnon([]byte) error { return nil }
