@@ -89,4 +89,3 @@ func (t *Table) RegisterAnon(pd uint32, n int, access Access, o Options) (*Regio
 	r.shared = &Shared{FD: -1, Size: n, mem: m} // set before the caller has r: only its Deregister reads it
 	return r, nil
 }
-
