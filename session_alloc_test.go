@@ -314,23 +314,7 @@ func TestSessionRejoinAfterFailedRedials(t *testing.T) {
 	const n, size = 64, 1000
 	take := func(s *gowarp.Session, op gowarp.CompletionOp, check func(c gowarp.SessionCompletion)) {
 		t.Helper()
-		var wc [16]gowarp.SessionCompletion
-		for got := 0; got < n; {
-			k := s.Poll(wc[:])
-			if k == 0 {
-				if err := s.Wait(ctx); err != nil {
-					t.Fatalf("%d of %d: %v", got, n, err)
-				}
-				continue
-			}
-			for _, c := range wc[:k] {
-				if c.Err != nil || c.Op != op {
-					t.Fatalf("completion %+v, want %v", c, op)
-				}
-				check(c)
-				got++
-			}
-		}
+		takeSession(ctx, t, s, n, op, check)
 	}
 	exchange := func(from, to *gowarp.Session, seed byte) {
 		t.Helper()
@@ -424,26 +408,38 @@ func TestSessionHeldMessagesOutliveTheirConnection(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var wc [4]gowarp.SessionCompletion
-	for got := 0; got < n; {
-		k := srv.Poll(wc[:])
-		if k == 0 {
-			if err := srv.Wait(ctx); err != nil {
-				t.Fatalf("%d of %d received: %v", got, n, err)
-			}
-			continue
+	takeSession(ctx, t, srv, n, gowarp.CompRecv, func(c gowarp.SessionCompletion) {
+		if c.Bytes != size {
+			t.Fatalf("completion %+v", c)
 		}
-		for _, c := range wc[:k] {
-			if c.Err != nil || c.Op != gowarp.CompRecv || c.Bytes != size {
-				t.Fatalf("completion %+v", c)
-			}
-			got++
-		}
-	}
+	})
 	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
 		t.Fatal("the messages delivered are not those sent")
 	}
 	if _, dlvd := gowarp.SessionTakenIn(srv); dlvd != n {
 		t.Fatalf("delivered %d, want %d", dlvd, n)
+	}
+}
+
+// takeSession takes n successful completions of op from s, calling check
+// for each.
+func takeSession(ctx context.Context, t *testing.T, s *gowarp.Session, n int, op gowarp.CompletionOp, check func(c gowarp.SessionCompletion)) {
+	t.Helper()
+	var wc [16]gowarp.SessionCompletion
+	for got := 0; got < n; {
+		k := s.Poll(wc[:])
+		if k == 0 {
+			if err := s.Wait(ctx); err != nil {
+				t.Fatalf("%d of %d: %v", got, n, err)
+			}
+			continue
+		}
+		for _, c := range wc[:k] {
+			if c.Err != nil || c.Op != op {
+				t.Fatalf("completion %+v, want %v", c, op)
+			}
+			check(c)
+			got++
+		}
 	}
 }
