@@ -5,46 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	"github.com/gowarp/gowarp/cache/cluster"
+	"github.com/gowarp/gowarp/internal/etcdtest"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// startEtcd starts a one-node etcd on loopback ports of its own, its data
-// in a temporary directory, until the test ends; it returns the client
-// endpoint.
-func startEtcd(t testing.TB) string {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	cfg.Name = "test"
-	u := func(s string) []url.URL { p, _ := url.Parse(s); return []url.URL{*p} }
-	// Port 0: the kernel picks, and the listeners say which.
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = u("http://127.0.0.1:0"), u("http://127.0.0.1:0")
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = u("http://127.0.0.1:0"), u("http://127.0.0.1:0")
-	cfg.InitialCluster = "test=http://127.0.0.1:0"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.LogLevel = "error"
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd did not start in 30 s")
-	}
-	return e.Clients[0].Addr().String()
-}
+// startEtcd starts a one-node etcd until the test ends; it returns the
+// client endpoint.
+func startEtcd(t testing.TB) string { return etcdtest.Start(t) }
 
 func etcdClient(t testing.TB, endpoint string) *clientv3.Client {
 	t.Helper()
