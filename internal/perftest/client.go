@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
 	"time"
 
 	"github.com/gowarp/gowarp"
@@ -181,13 +182,10 @@ func Run(ctx context.Context, dev *gowarp.Device, o Options) (*Result, error) {
 	}
 	s := &session{o: &o, dev: dev, pd: dev.AllocPD(), r: &Result{Test: o.Test}}
 	var err error
-	if s.c, err = newControl(dev, s.pd, s.r, false); err != nil {
+	if s.c, err = dialControl(ctx, dev, s.pd, s.r, &o); err != nil {
 		return nil, err
 	}
 	defer s.c.close()
-	if err := s.c.qp.Connect(ctx, o.Addr, controlOptions(&o)); err != nil {
-		return nil, fmt.Errorf("perftest: control connection: %w", err)
-	}
 	s.logf("control connection up; settling %v", o.Settle)
 	select {
 	case <-time.After(o.Settle):
@@ -383,4 +381,39 @@ func report(size int, tposted, tcompleted []int64) Report {
 	}
 	r.BWPeak = float64(size) / (best / 1e9) / mb
 	return r
+}
+
+// controlTries bounds the client's tries of the control connection when
+// the server refuses or resets it before the MPA exchange ends; they are
+// DataGap apart.
+const controlTries = 10
+
+// dialControl connects the control connection, trying again while the
+// server refuses or resets it. Nothing was exchanged then, so a new try
+// is safe: in CI (2026-12-06) siw's listener in the QEMU guest reset one
+// during the MPA exchange, and ib_send_lat, which never saw it, waited
+// for a client until the suite's timeout.
+func dialControl(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, r *Result, o *Options) (*control, error) {
+	for try := 1; ; try++ {
+		c, err := newControl(dev, pd, r, false)
+		if err != nil {
+			return nil, err
+		}
+		err = c.qp.Connect(ctx, o.Addr, controlOptions(o))
+		if err == nil {
+			return c, nil
+		}
+		c.close()
+		c.sbuf.Deregister()
+		c.rbuf.Deregister()
+		again := errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
+		if !again || try == controlTries {
+			return nil, fmt.Errorf("perftest: control connection (%d tries): %w", try, err)
+		}
+		select {
+		case <-time.After(o.DataGap):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("perftest: control connection: %w", err)
+		}
+	}
 }

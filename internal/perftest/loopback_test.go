@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +130,61 @@ func checkPair(t *testing.T, test Test, o Options, c, s *Result) {
 		if _, err := json.Marshal(r.JSON(&oo)); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestControlReset: a server that resets the client's first control
+// connection during the MPA exchange, then serves, gets a run: the client
+// tries again. In CI siw's listener in the guest reset one, and the
+// client gave up while ib_send_lat waited for it until the suite's
+// timeout.
+func TestControlReset(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ln, err := gowarp.Open().Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	front, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer front.Close()
+	go func() {
+		for n := 0; ; n++ {
+			c, err := front.Accept()
+			if err != nil {
+				return
+			}
+			if n == 0 {
+				// Read the MPA request, then reset.
+				c.Read(make([]byte, 64))
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+				continue
+			}
+			b, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { io.Copy(b, c); b.Close() }()
+			go func() { io.Copy(c, b); c.Close() }()
+		}
+	}()
+	o := Options{Test: SendLat, Iters: 20, Size: 64, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	sc := make(chan error, 1)
+	go func() {
+		_, err := Serve(ctx, gowarp.Open(), ln, o)
+		sc <- err
+	}()
+	o.Addr = front.Addr().String()
+	o.DataGap = 10 * time.Millisecond
+	if _, err := Run(ctx, gowarp.Open(), o); err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	if err := <-sc; err != nil {
+		t.Fatalf("server: %v", err)
 	}
 }
