@@ -407,8 +407,11 @@ func dialControl(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, r *Resu
 		c.sbuf.Deregister()
 		c.rbuf.Deregister()
 		again := errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
-		if !again || try == controlTries {
-			return nil, fmt.Errorf("perftest: control connection (%d tries): %w", try, err)
+		if !again {
+			return nil, fmt.Errorf("perftest: control connection: %w", err)
+		}
+		if try == controlTries {
+			return nil, fmt.Errorf("perftest: control connection: %w (%d tries)", err, try)
 		}
 		select {
 		case <-time.After(o.DataGap):
