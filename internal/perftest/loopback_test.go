@@ -175,8 +175,9 @@ func TestControlReset(t *testing.T) {
 	}()
 	o := Options{Test: SendLat, Iters: 20, Size: 64, Connect: gowarp.ConnectOptions{NoP2P: true}}
 	sc := make(chan error, 1)
+	so := o
 	go func() {
-		_, err := Serve(ctx, gowarp.Open(), ln, o)
+		_, err := Serve(ctx, gowarp.Open(), ln, so)
 		sc <- err
 	}()
 	o.Addr = front.Addr().String()
