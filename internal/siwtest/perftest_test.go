@@ -57,6 +57,9 @@ func (s *suite) withRetry(ctx context.Context, t *testing.T, sendsToSiw bool, on
 		for _, p := range problems {
 			t.Error(p)
 		}
+		// What siw said, for a failure that may be the guest's (a reset
+		// of the MPA exchange, 2026-12-06, went undiagnosed without it).
+		t.Logf("guest kernel log, siw and SYN lines (last 20):\n%s", s.v.dmesg(ctx, "siw|SYN|request_sock"))
 		return detail
 	}
 }
