@@ -18,6 +18,13 @@ import (
 // the loopback and returns both results.
 func pair(t *testing.T, o Options) (client, server *Result) {
 	t.Helper()
+	return pairVia(t, o, nil)
+}
+
+// pairVia is pair with the client dialing via(addr), if via is not nil,
+// for the server's address addr.
+func pairVia(t *testing.T, o Options, via func(addr string) string) (client, server *Result) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ln, err := gowarp.Open().Listen("127.0.0.1:0")
@@ -36,6 +43,9 @@ func pair(t *testing.T, o Options) (client, server *Result) {
 		sc <- res{r, err}
 	}()
 	o.Addr = ln.Addr().String()
+	if via != nil {
+		o.Addr = via(o.Addr)
+	}
 	o.DataGap = 10 * time.Millisecond
 	cr, cerr := Run(ctx, gowarp.Open(), o)
 	s := <-sc
@@ -139,53 +149,34 @@ func checkPair(t *testing.T, test Test, o Options, c, s *Result) {
 // client gave up while ib_send_lat waited for it until the suite's
 // timeout.
 func TestControlReset(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ln, err := gowarp.Open().Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	front, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer front.Close()
-	go func() {
-		for n := 0; ; n++ {
-			c, err := front.Accept()
-			if err != nil {
-				return
-			}
-			if n == 0 {
-				// Read the MPA request, then reset.
-				c.Read(make([]byte, 64))
-				c.(*net.TCPConn).SetLinger(0)
-				c.Close()
-				continue
-			}
-			b, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go func() { io.Copy(b, c); b.Close() }()
-			go func() { io.Copy(c, b); c.Close() }()
+	pairVia(t, Options{Test: SendLat, Iters: 20, Size: 64, Connect: gowarp.ConnectOptions{NoP2P: true}}, func(backend string) string {
+		front, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	o := Options{Test: SendLat, Iters: 20, Size: 64, Connect: gowarp.ConnectOptions{NoP2P: true}}
-	sc := make(chan error, 1)
-	so := o
-	go func() {
-		_, err := Serve(ctx, gowarp.Open(), ln, so)
-		sc <- err
-	}()
-	o.Addr = front.Addr().String()
-	o.DataGap = 10 * time.Millisecond
-	if _, err := Run(ctx, gowarp.Open(), o); err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	if err := <-sc; err != nil {
-		t.Fatalf("server: %v", err)
-	}
+		t.Cleanup(func() { front.Close() })
+		go func() {
+			for n := 0; ; n++ {
+				c, err := front.Accept()
+				if err != nil {
+					return
+				}
+				if n == 0 {
+					// Read the MPA request, then reset.
+					c.Read(make([]byte, 64))
+					c.(*net.TCPConn).SetLinger(0)
+					c.Close()
+					continue
+				}
+				b, err := net.Dial("tcp", backend)
+				if err != nil {
+					c.Close()
+					continue
+				}
+				go func() { io.Copy(b, c); b.Close() }()
+				go func() { io.Copy(c, b); c.Close() }()
+			}
+		}()
+		return front.Addr().String()
+	})
 }
