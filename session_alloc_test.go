@@ -443,3 +443,28 @@ func takeSession(ctx context.Context, t *testing.T, s *gowarp.Session, n int, op
 		}
 	}
 }
+
+// TestSessionCloseFreesHeldBuffers: a session closed with messages taken
+// in and never delivered (no receive posted) frees the buffers they wait
+// in, as it frees the others: every region the sessions registered is
+// gone once both have closed.
+func TestSessionCloseFreesHeldBuffers(t *testing.T) {
+	cfg := testSessionConfig()
+	cli, srv, pd := loopSession(t, cfg)
+	waitFor(t, "both paths up on both sides", func() bool {
+		return cli.Stats().Conns == 2 && srv.Stats().Conns == 2
+	})
+	src, _ := pd.Register(make([]byte, 3000), gowarp.LocalWrite)
+	for i := range 3 {
+		if err := cli.PostSend(&gowarp.SendWR{ID: uint64(i), Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Offset: i * 1000, Length: 1000}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the server took the Sends in, with no receive posted", func() bool {
+		rcvd, _ := gowarp.SessionTakenIn(srv)
+		return rcvd == 3
+	})
+	srv.Close()
+	cli.Close()
+	waitFor(t, "the sessions' regions deregistered", func() bool { return pd.Table().Len() == 1 }) // src
+}
