@@ -786,6 +786,11 @@ func (s *Session) received(c *sconn, slot int, wc *Completion) {
 		}
 	case failover.Ping:
 		c.pongDue, c.pongSeq = true, h.Seq
+		// The peer probes, so this side need not: its next look moves to
+		// a probeAfter from now, rather than waking for nothing at the
+		// one it set before (the accepting side of an idle session
+		// woke about twice a second so).
+		s.rearm = true
 	case failover.Pong:
 		if h.Seq == c.pingSeq {
 			c.pingOut = false

@@ -57,6 +57,12 @@ func TestSessionProbes(t *testing.T) {
 	if bc > 20 || bs > 20 {
 		t.Errorf("idle for 1 s: %d and %d heartbeats, want at most 20 a side", bc, bs)
 	}
+	// The accepting side moves its next look at every probe it answers,
+	// so it does not look between them: it looked 4 times a second
+	// before, at the looks it had set before the probes came.
+	if bs > 2 {
+		t.Errorf("idle for 1 s: the accepting side looked %d times, want at most 2: the dialing side's probes move its looks", bs)
+	}
 
 	// Streams both ways at 1000 posts a second for 2 s: each side hears
 	// the other's Sends and Writes on the path the other sends on.
