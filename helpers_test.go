@@ -252,3 +252,18 @@ func (p *pair) connectOn(t testing.TB, client, server gowarp.ConnectOptions, lis
 		t.Fatal(err)
 	}
 }
+
+// waitFor waits up to a minute for cond.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: still not so after a minute", what)
+		}
+	}
+}
+
+func testSessionConfig() gowarp.SessionConfig {
+	return gowarp.SessionConfig{HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond,
+		Deadline: 30 * time.Second, MaxMessage: 4096}
+}

@@ -33,11 +33,6 @@ type sessNet struct {
 	sl       *gowarp.SessionListener
 }
 
-func testSessionConfig() gowarp.SessionConfig {
-	return gowarp.SessionConfig{HeartbeatInterval: 50 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond,
-		Deadline: 30 * time.Second, MaxMessage: 4096}
-}
-
 func newSessNet(t testing.TB, links int, cfg gowarp.SessionConfig) *sessNet {
 	t.Helper()
 	n := netns.NewLinks(t, 1500, links)
@@ -86,16 +81,6 @@ func newSessNet(t testing.TB, links int, cfg gowarp.SessionConfig) *sessNet {
 		}
 	}
 	return sn
-}
-
-// waitFor waits up to a minute for cond.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("%s: still not so after a minute", what)
-		}
-	}
 }
 
 // setLink sets link k of n down (as cutLink does for the first) or up.
