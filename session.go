@@ -1163,15 +1163,16 @@ func (s *Session) PostSend(wr *SendWR) error {
 	default:
 		return fmt.Errorf("%w: %v on a session", ErrBadOp, wr.Op)
 	}
-	if wr.Flags&^(Signaled|Solicited|Fence) != 0 {
-		return fmt.Errorf("%w: flags %#x on a session", ErrBadOp, wr.Flags)
-	}
 	if n > max {
 		return ErrTooManySGE
 	}
-	bytes := 0
-	for _, g := range wr.SGL {
-		bytes += g.Length
+	// Checked now, as a queue pair's post checks it: the session posts
+	// it later, and again on another connection after a fail-over. A bad
+	// SGE found then failed the connection, and the next, and every one
+	// after (2,700 fail-overs in 2 s) until the deadline.
+	bytes, err := engine.CheckWR(engSendWR(wr))
+	if err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1187,11 +1188,8 @@ func (s *Session) PostSend(wr *SendWR) error {
 	if s.tail-s.head == uint64(len(s.ring)) || s.full() {
 		return ErrQueueFull
 	}
-	// Checked and pinned now: the session posts it later, and again on
-	// another connection after a fail-over. A bad SGE found then failed
-	// the connection, and the next, and every one after (2,700 fail-overs
-	// in 2 s) until the deadline; a region deregistered meanwhile too.
-	if err := engine.CheckPinSGL(engSGEs(wr.SGL), wr.Op == OpRead); err != nil {
+	// Pinned until it completes: no region goes while it may be sent again.
+	if err := engine.PinSGL(engSGEs(wr.SGL)); err != nil {
 		return err
 	}
 	abs := s.tail

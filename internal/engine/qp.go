@@ -591,22 +591,18 @@ func checkLocal(s *SGE, write bool) error {
 	return nil
 }
 
-// CheckPinSGL checks a work request's SGEs as a post does (write: the
-// regions are written here, as a Read's sink is) and pins their regions
-// until UnpinSGL: for a layer that keeps work requests to post later, and
-// again after a fail-over (gowarp's sessions), so that a bad SGE is the
-// post's error, not every later connection's, and no region goes while
-// the work request may still be sent.
-func CheckPinSGL(sges []SGE, write bool) error {
-	for i := range sges {
-		if err := checkLocal(&sges[i], write); err != nil {
-			return err
-		}
-	}
-	return pinSGEs(sges)
-}
+// CheckWR checks a work request as a post does (checkShape: opcode,
+// flags, SGE count and every SGE against its region) and returns its
+// length, for a layer that keeps work requests to post later and again
+// after a fail-over (gowarp's sessions): a bad SGE is then the post's
+// error, not every later connection's.
+func CheckWR(wr *SendWR) (int, error) { return checkShape(wr) }
 
-// UnpinSGL ends CheckPinSGL's pins.
+// PinSGL pins the regions of sges, as a post does, until UnpinSGL: no
+// region goes while a kept work request may still be sent.
+func PinSGL(sges []SGE) error { return pinSGEs(sges) }
+
+// UnpinSGL ends PinSGL's pins.
 func UnpinSGL(sges []SGE) { unpinSGEs(sges) }
 
 // pinSGEs pins the regions of a work request's SGEs, which were checked
