@@ -185,6 +185,20 @@ func TestSessionBadSGE(t *testing.T) {
 			t.Errorf("%s: %v, want ErrLocalAccess", tc.name, err)
 		}
 	}
+	// What a queue pair refuses otherwise, the session refuses alike.
+	for _, tc := range []struct {
+		name string
+		wr   gowarp.SendWR
+		want error
+	}{
+		{"an unknown flag", gowarp.SendWR{Op: gowarp.OpSend, Flags: 1 << 6, SGL: []gowarp.SGE{{MR: mr, Length: 8}}}, gowarp.ErrBadOp},
+		{"an atomic", gowarp.SendWR{Op: gowarp.OpFetchAdd, SGL: []gowarp.SGE{{MR: mr, Length: 8}}, RKey: 1}, gowarp.ErrBadOp},
+		{"a Send of MaxSGE SGEs", gowarp.SendWR{Op: gowarp.OpSend, SGL: make([]gowarp.SGE, gowarp.MaxSGE)}, gowarp.ErrTooManySGE},
+	} {
+		if err := cli.PostSend(&tc.wr); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
 	time.Sleep(300 * time.Millisecond)
 	if st := cli.Stats(); st.Failovers != 0 || st.Conns != 2 {
 		t.Fatalf("after the refused posts: %+v", st)
