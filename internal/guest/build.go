@@ -13,7 +13,7 @@
 // (init.sh is the guest's side).
 //
 // Both need root on a Debian-like host with apt-get: Build installs what
-// is missing (debootstrap, QEMU, mkfs.ext4, nc) and runs debootstrap.
+// is missing (debootstrap, QEMU, mkfs.ext4) and runs debootstrap.
 package guest
 
 import (
@@ -189,7 +189,6 @@ var hostTools = [][2]string{
 	{"debootstrap", "debootstrap"},
 	{"qemu-system-x86_64", "qemu-system-x86"},
 	{"mkfs.ext4", "e2fsprogs"},
-	{"nc", "netcat-openbsd"}, // one per guest connection to a host server (QEMU's guestfwd)
 }
 
 // HostToolsMissing returns an error naming the host tools not installed.

@@ -106,6 +106,23 @@ func TestGuest(t *testing.T) {
 		t.Errorf("host received %q", s)
 	}
 
+	// A host server that closes first: the guest client sees its FIN
+	// (bash's cat ends) while its own side is still open.
+	go func() {
+		c, err := hostLn.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.WriteString(c, "bye\n")
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, c) // until the guest closes
+	}()
+	rc, out, err = v.Run(ctx, fmt.Sprintf("exec 3<>/dev/tcp/%s/7001; timeout 20 cat <&3", HostAddr), time.Minute)
+	if err != nil || rc != 0 || out != "bye\n" {
+		t.Errorf("host server closing first: guest client rc %d (124: no FIN), %v: %q", rc, err, out)
+	}
+
 	// Host to guest: a perl server in the guest (perl-base is in every
 	// Debian) answers through the host forward.
 	j, err := v.Server(ctx, 7000, `perl -MIO::Socket::INET -e '$l=IO::Socket::INET->new(LocalPort=>7000,Listen=>1,ReuseAddr=>1) or die; $c=$l->accept; print $c "from-guest ".<$c>'`, time.Minute)

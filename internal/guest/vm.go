@@ -106,11 +106,17 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 	for _, f := range cfg.HostFwd {
 		netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.Host, f.Guest)
 	}
-	for _, f := range cfg.GuestFwd {
+	if len(cfg.GuestFwd) > 0 {
 		// A tcp: chardev would carry one connection for QEMU's lifetime;
-		// cmd: starts a fresh nc per guest connection (-N passes the
-		// guest's half-close on).
-		netdev += fmt.Sprintf(",guestfwd=tcp:%s:%d-cmd:nc -N 127.0.0.1 %d", HostAddr, f.Guest, f.Host)
+		// cmd: starts a fresh forwarder per guest connection, one that
+		// passes both sides' half-closes on (see guestfwd).
+		fwd := filepath.Join(dir, "guestfwd")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", fwd, "github.com/gowarp/gowarp/internal/guest/guestfwd").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("guest: building guestfwd: %v\n%s", err, out)
+		}
+		for _, f := range cfg.GuestFwd {
+			netdev += fmt.Sprintf(",guestfwd=tcp:%s:%d-cmd:%s %d", HostAddr, f.Guest, fwd, f.Host)
+		}
 	}
 	appendArgs := "console=ttyS0 root=/dev/vda rw init=/sbin/gowarp-init net.ifnames=0 panic=1 quiet"
 	if cfg.Debug {
