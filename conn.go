@@ -100,7 +100,15 @@ type ConnectOptions struct {
 	// (perftest's write_lat over rdma_cm, which siw's clients speak), and
 	// must itself make sure the initiator is ready (perftest syncs over its
 	// control connection first). Initiators ignore it.
-	SendFirst bool
+	//
+	// Even so it waits SendFirstDelay after its MPA reply (20 ms when 0;
+	// a negative value, not at all) unless the initiator speaks sooner:
+	// Linux siw's initiator fails a connection whose first FPDUs arrive
+	// with the reply, before it has taken the reply in (rdma_connect's
+	// RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL; docs/interop.md §12), which
+	// ucmatose's clients met against a server that sent at once.
+	SendFirst      bool
+	SendFirstDelay time.Duration
 	// MaxFPDU sets the size of full FPDUs on the wire; 0 sizes them to the
 	// TCP segment, as siw does.
 	MaxFPDU int

@@ -433,13 +433,36 @@ func TestResponderSilentUntilFirstFPDU(t *testing.T) {
 }
 
 // TestResponderSendFirst: with SendFirst a responder without peer-to-peer
-// mode sends at once, before the initiator's first FPDU, as siw does (for
-// perftest's write_lat, whose server Writes first).
+// mode sends before the initiator's first FPDU, as siw does (for
+// perftest's write_lat, whose server Writes first), once SendFirstDelay
+// has passed: not with the MPA reply, which siw's initiator refuses.
 func TestResponderSendFirst(t *testing.T) {
-	p := dialNoP2PPostHello(t, gowarp.ConnectOptions{SendFirst: true})
-	p.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for _, d := range []time.Duration{0, -1} { // the default 20 ms, and none
+		p := dialNoP2PPostHello(t, gowarp.ConnectOptions{SendFirst: true, SendFirstDelay: d})
+		p.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		h, payload, err := p.next()
+		if err != nil || h.Opcode != wire.OpSend || string(payload[:5]) != "hello" {
+			t.Fatalf("SendFirstDelay %v: the responder's first FPDU: %+v %q %v", d, h, payload, err)
+		}
+	}
+	// Bytes within the first 500 ms are too early for a 2 s delay, however
+	// slow the dial was.
+	p := dialNoP2PPostHello(t, gowarp.ConnectOptions{SendFirst: true, SendFirstDelay: 2 * time.Second})
+	p.c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if n, err := p.c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the responder sent %d bytes within its SendFirstDelay (%v)", n, err)
+	}
+	p.c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	h, payload, err := p.next()
 	if err != nil || h.Opcode != wire.OpSend || string(payload[:5]) != "hello" {
-		t.Fatalf("the responder's first FPDU: %+v %q %v", h, payload, err)
+		t.Fatalf("after SendFirstDelay, the initiator silent: %+v %q %v", h, payload, err)
+	}
+
+	// An initiator that speaks first ends the wait.
+	p = dialNoP2PPostHello(t, gowarp.ConnectOptions{SendFirst: true, SendFirstDelay: time.Hour})
+	p.write(1, 0, nil) // a zero-length Write
+	p.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if h, payload, err := p.next(); err != nil || h.Opcode != wire.OpSend || string(payload[:5]) != "hello" {
+		t.Fatalf("after the initiator's first FPDU: %+v %q %v", h, payload, err)
 	}
 }

@@ -27,11 +27,13 @@ type ConnectOptions struct {
 	IRD, ORD    int
 	NoP2P       bool
 	SendFirst   bool
-	MaxFPDU     int
-	NoNudge     bool
-	NudgeEvery  time.Duration
-	LinkTimeout time.Duration
-	Extensions  bool
+	// SendFirstDelay: see the root package's ConnectOptions.
+	SendFirstDelay time.Duration
+	MaxFPDU        int
+	NoNudge        bool
+	NudgeEvery     time.Duration
+	LinkTimeout    time.Duration
+	Extensions     bool
 	// SharedMemory and SharedMemoryRing: see link_shm.go.
 	SharedMemory     bool
 	SharedMemoryRing int
@@ -51,6 +53,12 @@ const NoReads = -1
 // within it: 8 connections pinged every millisecond cost their process
 // 85 µs of CPU per ping spinning, against 29 µs parked.
 const DefaultBusyPoll = 100 * time.Microsecond
+
+// sendFirstDelay is how long a responder with SendFirst waits after its
+// MPA reply for the initiator to speak before it speaks itself: long
+// enough for siw's initiator to have read the reply (which it reads in a
+// work item queued as the reply arrives), short beside a human's wait.
+const sendFirstDelay = 20 * time.Millisecond
 
 // Nudges are sent for the first nudgeTicks × NudgeEvery of a connection.
 const nudgeTicks = 20
@@ -211,7 +219,8 @@ func (q *QP) begin(c net.Conn, r cm.Result, o *ConnectOptions, initiator bool) e
 	q.mu.Lock()
 	q.peerData = append([]byte(nil), r.PrivateData...)
 	q.mu.Unlock()
-	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, HoldTx: r.HoldTx && !o.SendFirst, MaxFPDU: o.MaxFPDU, Ext: r.Ext, BusyPoll: o.BusyPoll}
+	p := Params{CRC: r.CRC, IRD: r.IRD, ORD: r.ORD, SendRTR: r.SendRTR, MaxFPDU: o.MaxFPDU, Ext: r.Ext, BusyPoll: o.BusyPoll}
+	p.HoldTx, p.SpeakAfter = holdTx(r.HoldTx, o)
 	if initiator && !o.NoNudge {
 		p.Nudge = cmp.Or(o.NudgeEvery, 200*time.Millisecond)
 	}
@@ -256,6 +265,9 @@ func (q *QP) Start(link Link, p Params) error {
 	if p.Nudge > 0 {
 		go q.nudgeLoop(p.Nudge)
 	}
+	if p.HoldTx && p.SpeakAfter > 0 {
+		time.AfterFunc(p.SpeakAfter, q.speak)
+	}
 	if p.SendRTR != 0 {
 		q.kick()
 	}
@@ -286,6 +298,26 @@ func (q *QP) readyLocked(link Link, p Params) {
 	}
 	q.abort = nil
 	q.state.Store(int32(StateReady))
+}
+
+// holdTx returns Params.HoldTx and SpeakAfter for a connection whose
+// handshake says hold (a responder without peer-to-peer mode).
+func holdTx(hold bool, o *ConnectOptions) (bool, time.Duration) {
+	if !hold || !o.SendFirst {
+		return hold, 0
+	}
+	if d := cmp.Or(o.SendFirstDelay, sendFirstDelay); d > 0 {
+		return true, d
+	}
+	return false, 0
+}
+
+// speak lets a responder with SendFirst transmit although the initiator
+// has not spoken yet (Params.SpeakAfter).
+func (q *QP) speak() {
+	if q.State() == StateReady && q.peerUp.CompareAndSwap(false, true) {
+		q.kick()
+	}
 }
 
 // nudgeLoop wakes a peer that may have missed what this side sent while

@@ -115,8 +115,10 @@ type Params struct {
 	// peer-to-peer mode) sends first; zero for none.
 	SendRTR wire.RTR
 	// HoldTx makes the responder send nothing until the initiator's first
-	// FPDU arrives (RFC 5044 §7.1.2).
-	HoldTx bool
+	// FPDU arrives (RFC 5044 §7.1.2), or until SpeakAfter has passed if
+	// that is positive (ConnectOptions.SendFirst).
+	HoldTx     bool
+	SpeakAfter time.Duration
 	// MaxFPDU is the size on the wire of a full FPDU; 0 sizes FPDUs to
 	// the TCP segment, as siw does.
 	MaxFPDU int
