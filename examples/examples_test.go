@@ -22,7 +22,7 @@ import (
 	"github.com/gowarp/gowarp/internal/testwatch"
 )
 
-var examples = []string{"sendrecv", "readbuf", "writenotify", "sharedcq", "tlswrite"}
+var examples = []string{"sendrecv", "readbuf", "writenotify", "sharedcq", "tlswrite", "cmatose"}
 
 var (
 	buildFlags []string // more flags for go build
@@ -280,6 +280,37 @@ func TestSharedCQ(t *testing.T) {
 		t.Fatalf("server exit %d:\n%s", code, sout)
 	}
 	contains(t, "server", sout, `"client 0 here"`, `"client 1 here"`, `"client 2 here"`, `"sendrecv here"`, "served 4 clients from one CQ")
+}
+
+// TestCmatose: 20 connections at once, 20 messages of 5000 bytes each way on
+// each (two FPDUs each), whole and in order; with the client offering
+// peer-to-peer mode, without it (the server then sends first, as
+// ucmatose's does), and with CRC.
+func TestCmatose(t *testing.T) {
+	for _, extra := range [][]string{nil, {"-nop2p"}, {"-crc"}} {
+		args := append([]string{"-c", "20", "-C", "20", "-S", "5000", "-check"}, extra...)
+		srv, port := server(t, "cmatose", args...)
+		out := run(t, "cmatose", append([]string{"client", "-p", port}, args...)...)
+		contains(t, "client", out, "data transfers complete: 20 messages of 5000 bytes each way on each of 20 connections")
+		code, sout := srv.wait(t)
+		if code != 0 {
+			t.Fatalf("server %q: exit %d:\n%s", extra, code, sout)
+		}
+		contains(t, "server", sout, "20 connected", "data transfers complete", "disconnected")
+	}
+}
+
+// TestCmatoseTooBig: server messages bigger than the client's receives
+// fail both sides, saying why (the client's Terminate), and neither hangs.
+func TestCmatoseTooBig(t *testing.T) {
+	srv, port := server(t, "cmatose", "-c", "2", "-timeout", "20s")
+	code, out := start(t, "cmatose", "client", "-p", port, "-c", "2", "-S", "50", "-timeout", "20s").wait(t)
+	if code != 1 || !strings.Contains(out, "local length error") || !strings.Contains(out, "Send of at least 100 bytes into a receive of 50") {
+		t.Errorf("client: exit %d, %q; want 1 and the short receive", code, out)
+	}
+	if code, out := srv.wait(t); code != 1 || !strings.Contains(out, "peer terminated") {
+		t.Errorf("server: exit %d, %q; want 1 and the client's Terminate", code, out)
+	}
 }
 
 // TestTLSWrite: Write, Read and Send over a TLS connection the example

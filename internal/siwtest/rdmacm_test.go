@@ -19,11 +19,11 @@ import (
 // the example written to match them, examples/sendrecv.
 const rdmaSessions = 20
 
-// buildSendrecv builds examples/sendrecv.
-func buildSendrecv(t *testing.T) string {
-	bin := filepath.Join(t.TempDir(), "sendrecv")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gowarp/gowarp/examples/sendrecv").CombinedOutput(); err != nil {
-		t.Fatalf("building examples/sendrecv: %v\n%s", err, out)
+// buildExample builds examples/name.
+func buildExample(t *testing.T, name string) string {
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gowarp/gowarp/examples/"+name).CombinedOutput(); err != nil {
+		t.Fatalf("building examples/%s: %v\n%s", name, err, out)
 	}
 	return bin
 }
@@ -39,7 +39,7 @@ func (s *suite) rdmaServerClient(t *testing.T) {
 	ctx := ctxFor(t, 8*time.Minute)
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	bin := buildSendrecv(t)
+	bin := buildExample(t, "sendrecv")
 	noNudge := os.Getenv("GOWARP_SIWVM_NONUDGE") != ""
 	nudges, nudged, done := 0, 0, 0
 	for i := range rdmaSessions {
@@ -87,7 +87,7 @@ func (s *suite) rdmaClientServer(t *testing.T) {
 	ctx := ctxFor(t, 8*time.Minute)
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	bin := buildSendrecv(t)
+	bin := buildExample(t, "sendrecv")
 	h, err := startHost(ctx, bin, "server", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "-n", strconv.Itoa(rdmaSessions))
 	if err != nil {
 		t.Fatal(err)
@@ -133,4 +133,78 @@ done`, hostFromGuest, guestServePort, rdmaSessions)
 	if n := strings.Count(gout, "once more"); n > 0 {
 		detail += fmt.Sprintf(" (%d run again after the guest's rdma_connect could not bind its port)", n)
 	}
+}
+
+// ucmatose (rdma-core's cmatose.c) opens many connections at once; its
+// server sends a burst of messages on each as soon as all are up, its
+// client answers each burst with one of its own, and the server
+// disconnects them all. gowarp's side is examples/cmatose.
+var ucmatoseArgs = []string{"-c", "10", "-C", "50", "-S", "5000"}
+
+// ucmatoseServerClient: gowarp's cmatose client against ucmatose in the
+// guest, offering peer-to-peer mode (siw takes it) and not (the guest's
+// server then sends first, which siw allows).
+func (s *suite) ucmatoseServerClient(t *testing.T) {
+	ctx := ctxFor(t, 6*time.Minute)
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	bin := buildExample(t, "cmatose")
+	for _, p2p := range []bool{true, false} {
+		job, err := s.v.server(ctx, guestRpingPort, fmt.Sprintf("stdbuf -oL ucmatose -p %d %s", guestRpingPort, strings.Join(ucmatoseArgs, " ")), 2*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"client", "-s", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-timeout", "90s"}, ucmatoseArgs...)
+		if !p2p {
+			args = append(args, "-nop2p")
+		}
+		h, err := startHost(ctx, bin, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, herr := h.wait(ctx)
+		rc, gout, gerr := job.wait(ctx)
+		if herr != nil || !strings.Contains(out, "data transfers complete: 50 messages of 5000 bytes each way on each of 10 connections") {
+			t.Errorf("p2p %v: cmatose client: %v\n%s\nguest ucmatose:\n%s", p2p, herr, tail([]byte(out), 2000), tail([]byte(gout), 1500))
+			return
+		}
+		if gerr != nil || rc != 0 || !strings.Contains(gout, "data transfers complete") || !strings.Contains(gout, "return status 0") {
+			t.Errorf("p2p %v: guest ucmatose: rc %d, %v\n%s", p2p, rc, gerr, gout)
+			return
+		}
+	}
+	detail = "examples/cmatose client, 10 connections × 50 Sends of 5000 B each way, with and without peer-to-peer mode"
+}
+
+// ucmatoseClientServer: ucmatose's client in the guest against gowarp's
+// cmatose server, twice, the second time with CRC.
+func (s *suite) ucmatoseClientServer(t *testing.T) {
+	ctx := ctxFor(t, 6*time.Minute)
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	bin := buildExample(t, "cmatose")
+	for _, crc := range []bool{false, true} {
+		args := append([]string{"server", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "-timeout", "90s"}, ucmatoseArgs...)
+		if crc {
+			args = append(args, "-crc")
+		}
+		h, err := startHost(ctx, bin, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !waitListen(ctx, s.v.serve, 30*time.Second) {
+			t.Fatalf("the host server does not listen on port %d after 30 s", s.v.serve)
+		}
+		rc, gout, gerr := s.v.run(ctx, fmt.Sprintf("stdbuf -oL ucmatose -s %s -p %d %s", hostFromGuest, guestServePort, strings.Join(ucmatoseArgs, " ")), 2*time.Minute)
+		out, herr := h.wait(ctx)
+		if gerr != nil || rc != 0 || !strings.Contains(gout, "data transfers complete") || !strings.Contains(gout, "return status 0") {
+			t.Errorf("crc %v: guest ucmatose: rc %d, %v\n%s\ncmatose server:\n%s", crc, rc, gerr, gout, tail([]byte(out), 2000))
+			return
+		}
+		if herr != nil || !strings.Contains(out, "data transfers complete: 50 messages of 5000 bytes") || !strings.Contains(out, "disconnected") {
+			t.Errorf("crc %v: cmatose server: %v\n%s", crc, herr, tail([]byte(out), 2000))
+			return
+		}
+	}
+	detail = "10 ucmatose connections × 50 Sends of 5000 B each way against examples/cmatose server, with and without CRC"
 }

@@ -156,6 +156,9 @@ func TestSIW(t *testing.T) {
 	// rdma-core's rdma_server and rdma_client, 20 sessions each way.
 	t.Run("rdma_server/gowarp-client", s.rdmaServerClient)
 	t.Run("rdma_client/gowarp-server", s.rdmaClientServer)
+	// ucmatose: ten connections at once, a burst of Sends each way on each.
+	t.Run("ucmatose/gowarp-client", s.ucmatoseServerClient)
+	t.Run("ucmatose/gowarp-server", s.ucmatoseClientServer)
 
 	// siw's Reads and Writes reaching detached regions and retired keys.
 	t.Run("detached/siw-reads-and-writes", s.siwReachesDetached)
