@@ -303,6 +303,14 @@ func (d *data) traffic(ctx context.Context, o *Options, srv *Dest, rep *Report) 
 	case SendBW:
 		wr.Op = gowarp.OpSend
 	}
+	// As perftest (increase_rem_addr, increase_loc_addr), messages of at
+	// most half the cycle buffer move through it a cache-line-rounded
+	// message at a time, at both ends.
+	inc := (o.Size + CacheLine - 1) / CacheLine * CacheLine
+	slots := 1
+	if o.Size <= d.cycle/2 {
+		slots = d.cycle / inc
+	}
 	var wc [64]gowarp.Completion
 	var credit uint32
 	posted, completed := 0, 0
@@ -317,6 +325,11 @@ func (d *data) traffic(ctx context.Context, o *Options, srv *Dest, rep *Report) 
 					blocked = true
 					break
 				}
+			}
+			off := posted % slots * inc
+			sge[0].Offset = off
+			if o.Test != SendBW {
+				wr.RemoteAddr = srv.VAddr + uint64(off)
 			}
 			wr.ID = uint64(posted)
 			tposted[posted] = now()

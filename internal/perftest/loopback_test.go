@@ -78,6 +78,23 @@ func TestLoopback(t *testing.T) {
 	}
 }
 
+// TestLoopbackSmall: messages of at most half the cycle buffer, which a
+// bandwidth client moves through the server's buffer as perftest's does
+// (a cache line or more at a time): the server's buffer spans it. It
+// spanned two messages, and the second Read of 1 byte, at offset 64, met a
+// Terminate (ib_read_bw -s 1 against gowarp's server, 2026-12-07).
+func TestLoopbackSmall(t *testing.T) {
+	for _, test := range Tests {
+		for _, size := range []int{1, 100, 2048} {
+			t.Run(fmt.Sprintf("%s/%d", test, size), func(t *testing.T) {
+				o := Options{Test: test, Iters: 200, Size: size, RxDepth: 9, Connect: gowarp.ConnectOptions{NoP2P: true}}
+				c, s := pair(t, o)
+				checkPair(t, test, o, c, s)
+			})
+		}
+	}
+}
+
 func checkPair(t *testing.T, test Test, o Options, c, s *Result) {
 	t.Helper()
 	if c.PeerVersion != Version || s.PeerVersion != Version {

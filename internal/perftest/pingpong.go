@@ -36,7 +36,7 @@ func (d *data) waitCounts(ctx context.Context, sends, recvs int) error {
 func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest) ([]int64, error) {
 	n, size := o.Iters, o.Size
 	out := d.buf.Bytes()[:size]
-	in := d.buf.Bytes()[size : 2*size]
+	in := d.buf.Bytes()[d.half : d.half+size]
 	wr := gowarp.SendWR{Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: d.buf, Length: size}},
 		RemoteAddr: peer.VAddr, RKey: gowarp.STag(peer.RKey)}
 	first := !server // who posts before receiving

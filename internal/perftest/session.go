@@ -2,6 +2,7 @@ package perftest
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -21,6 +22,7 @@ type session struct {
 	c      *control
 	d      *data
 	r      *Result
+	cycle  int // the cycle buffer: this side's page size, or the peer's if larger
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -89,6 +91,8 @@ func (s *session) run(ctx context.Context) error {
 			return fmt.Errorf("perftest: %v exchange: %w", st, err)
 		}
 		switch st {
+		case StepCycle:
+			s.cycle = max(os.Getpagesize(), min(int(binary.BigEndian.Uint32(got)), maxCycle))
 		case StepVersion:
 			s.r.PeerVersion = ParseVersion(got)
 			s.logf("peer is perftest %s", s.r.PeerVersion)
@@ -123,9 +127,9 @@ func (s *session) act(ctx context.Context, st Step) error {
 	case ActData:
 		var err error
 		if s.server {
-			s.d, err = acceptData(ctx, s.dev, s.pd, s.ln, s.o)
+			s.d, err = acceptData(ctx, s.dev, s.pd, s.ln, s.o, s.cycle)
 		} else {
-			s.d, err = dialData(ctx, s.dev, s.pd, s.o, s.logf)
+			s.d, err = dialData(ctx, s.dev, s.pd, s.o, s.cycle, s.logf)
 		}
 		if err != nil {
 			return fmt.Errorf("perftest: data connection: %w", err)
@@ -309,8 +313,10 @@ type data struct {
 	qp     *gowarp.QP
 	cq     *gowarp.CQ
 	pd     *gowarp.PD
-	buf    *gowarp.MR // two halves of Size: what this side sends, what the peer places
-	size   int
+	buf    *gowarp.MR // two halves: what this side sends, what the peer places
+	size   int        // a message's
+	half   int        // a half's: see halfSize
+	cycle  int        // the cycle buffer (halfSize)
 	credit *gowarp.MR // send_bw client: the server Writes its credit count here
 	words  []uint32   // the credit buffer's memory
 	qpn    uint32
@@ -320,12 +326,28 @@ type data struct {
 	recvBad      error // a receive of the wrong size
 }
 
+// maxCycle bounds the cycle buffer a peer can make this side allocate.
+const maxCycle = 1 << 20
+
+// halfSize is the size of each half of a data buffer, perftest's
+// BUFF_SIZE: the message or the cycle buffer, whichever is larger, rounded
+// up to the cache line. The bandwidth tests move their remote address by
+// the message (rounded up to the cache line) through the cycle buffer when
+// a message is at most half of it (perftest's increase_rem_addr), so a
+// buffer of two messages was too small for their Reads and Writes of up
+// to 2 KiB (a Terminate for bounds, 2026-12-07).
+func halfSize(size, cycle int) int {
+	return (max(size, cycle) + CacheLine - 1) / CacheLine * CacheLine
+}
+
 // newData allocates a data connection's buffers and queue pair.
-func newData(dev *gowarp.Device, pd *gowarp.PD, o *Options) (*data, error) {
+func newData(dev *gowarp.Device, pd *gowarp.PD, o *Options, cycle int) (*data, error) {
 	d := &data{cq: dev.NewCQ(2*o.TxDepth + o.RxDepth + 16), qpn: 0x100 + rand.Uint32N(0xff00), size: o.Size, pd: pd}
+	d.cycle = max(cycle, os.Getpagesize())
+	d.half = halfSize(o.Size, d.cycle)
 	var err error
 	// perftest registers its buffer with every right.
-	if d.buf, err = pd.Register(make([]byte, 2*o.Size), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
+	if d.buf, err = pd.Register(make([]byte, 2*d.half), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
 		return nil, err
 	}
 	d.words = make([]uint32, 2)
@@ -351,8 +373,8 @@ func dataConnect(o *Options) gowarp.ConnectOptions {
 	return co
 }
 
-func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o *Options, logf func(string, ...any)) (*data, error) {
-	d, err := newData(dev, pd, o)
+func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o *Options, cycle int, logf func(string, ...any)) (*data, error) {
+	d, err := newData(dev, pd, o, cycle)
 	if err != nil {
 		return nil, err
 	}
@@ -383,8 +405,8 @@ func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o *Options
 	return nil, fmt.Errorf("%d tries: %w", o.DataTries, last)
 }
 
-func acceptData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, ln *gowarp.Listener, o *Options) (*data, error) {
-	d, err := newData(dev, pd, o)
+func acceptData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, ln *gowarp.Listener, o *Options, cycle int) (*data, error) {
+	d, err := newData(dev, pd, o, cycle)
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +443,7 @@ func (d *data) dest(o *Options, server bool) Dest {
 		ds.OutReads = MaxOutReads
 	case WriteLat:
 		// The peer's Writes land in the second half, as in perftest.
-		ds.VAddr += uint64(d.size)
+		ds.VAddr += uint64(d.half)
 	case SendBW:
 		if !server {
 			// The server's credit Writes land in the second word of the
@@ -440,7 +462,7 @@ func (d *data) close() {
 
 // recvWR is a receive into the second half of the buffer.
 func (d *data) recvWR() *gowarp.RecvWR {
-	return &gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: d.buf, Offset: d.size, Length: d.size}}}
+	return &gowarp.RecvWR{ID: 1, SGL: []gowarp.SGE{{MR: d.buf, Offset: d.half, Length: d.size}}}
 }
 
 // postRecvs posts the receives of a send test.
