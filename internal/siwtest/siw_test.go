@@ -149,6 +149,10 @@ func TestSIW(t *testing.T) {
 		{test: "write_lat", iters: 50, flags: []string{"-crc"}},
 		{test: "read_lat", iters: 50, flags: []string{"-crc"}},
 		{test: "send_lat", iters: 50, flags: []string{"-crc"}},
+		// Small messages, which perftest's clients move a cache line at a
+		// time through a page of the server's buffer.
+		{test: "read_bw", iters: 200, size: 1},
+		{test: "write_bw", iters: 200, size: 100},
 	} {
 		t.Run(c.serverName(), func(t *testing.T) { s.perftestServer(t, c) })
 	}
