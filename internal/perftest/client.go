@@ -72,6 +72,11 @@ type Options struct {
 	Test  Test
 	Addr  string // the server, host:port (client)
 	Size  int    // message size (-s); 0 for perftest's default
+	// All runs every size from 2 bytes to MaxSize, doubling, on the one
+	// connection (perftest's -a, --all), write_bw and read_bw only: the
+	// client runs Iters messages of each and reports each; the server's
+	// buffer takes the largest. Size is then MaxSize.
+	All bool
 	Iters int    // messages (-n); 0 for perftest's default. Servers of send_bw need the client's.
 	// TxDepth is how many work requests stay outstanding (-t, bandwidth
 	// clients).
@@ -107,6 +112,15 @@ func (o *Options) defaults() error {
 	case WriteBW, ReadBW, SendBW, WriteLat, ReadLat, SendLat:
 	default:
 		return fmt.Errorf("perftest: unknown test %q (want one of %v)", o.Test, Tests)
+	}
+	if o.All {
+		if o.Test != WriteBW && o.Test != ReadBW {
+			return fmt.Errorf("perftest: all sizes (-a, --all) are supported for write_bw and read_bw, not %s", o.Test)
+		}
+		if o.Size != 0 && o.Size != MaxSize {
+			return fmt.Errorf("perftest: all sizes (-a, --all) with a size (-s %d)", o.Size)
+		}
+		o.Size = MaxSize
 	}
 	if o.Size == 0 {
 		o.Size = DefaultSize
@@ -167,6 +181,9 @@ type Result struct {
 	// server's (perftest's servers send uninitialised memory: see
 	// Plausible).
 	Remote Report
+	// Sizes are a client's reports of every size, with Options.All;
+	// Local is the last.
+	Sizes []Report
 	// Lat is this side's latency report (read_lat: the client's only).
 	Lat         LatReport
 	PeerVersion string

@@ -95,6 +95,39 @@ func TestLoopbackSmall(t *testing.T) {
 	}
 }
 
+// TestLoopbackAll: write_bw and read_bw over every size, 2 B to 8 MiB,
+// doubling (perftest's -a): a report for each, the last exchanged.
+func TestLoopbackAll(t *testing.T) {
+	for _, test := range []Test{WriteBW, ReadBW} {
+		t.Run(string(test), func(t *testing.T) {
+			o := Options{Test: test, Iters: 5, All: true, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			c, s := pair(t, o)
+			if len(c.Sizes) != 23 {
+				t.Fatalf("%d sizes reported, want 23 (2 B to 8 MiB)", len(c.Sizes))
+			}
+			for i, r := range c.Sizes {
+				if r.Size != 2<<i || r.Iters != 5 || r.BWAvg <= 0 {
+					t.Errorf("size %d: report %+v", 2<<i, r)
+				}
+			}
+			if c.Local != c.Sizes[22] || s.Remote != c.Local {
+				t.Errorf("the last report %+v: client's Local %+v, server received %+v", c.Sizes[22], c.Local, s.Remote)
+			}
+			var b strings.Builder
+			o.Size = MaxSize
+			c.WriteTable(&b, &o)
+			if n := strings.Count(b.String(), "\n "); !strings.Contains(b.String(), " 8388608    5 ") || !strings.Contains(b.String(), " 2          5 ") {
+				t.Errorf("the table (%d lines) lacks a size's line:\n%s", n, b.String())
+			}
+		})
+	}
+	for _, o := range []Options{{Test: SendBW, All: true}, {Test: WriteLat, All: true}, {Test: WriteBW, All: true, Size: 100}} {
+		if err := Fill(&o); err == nil {
+			t.Errorf("%s with All and size %d: no error", o.Test, o.Size)
+		}
+	}
+}
+
 func checkPair(t *testing.T, test Test, o Options, c, s *Result) {
 	t.Helper()
 	if c.PeerVersion != Version || s.PeerVersion != Version {

@@ -514,6 +514,20 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peer *Dest, r *
 		if server {
 			return nil // the client Writes or Reads; nothing to do here
 		}
+		if o.All {
+			// As perftest's -a: each size in turn, 2 B to MaxSize.
+			for size := 2; size <= MaxSize; size *= 2 {
+				so := *o
+				so.Size = size
+				var rep Report
+				if err := d.traffic(ctx, &so, peer, &rep); err != nil {
+					return fmt.Errorf("%d B: %w", size, err)
+				}
+				r.Sizes = append(r.Sizes, rep)
+			}
+			r.Local = r.Sizes[len(r.Sizes)-1]
+			return nil
+		}
 		return d.traffic(ctx, o, peer, &r.Local)
 	case o.Test == SendBW:
 		if server {

@@ -85,6 +85,11 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		// perftest's write_bw and read_bw servers print the client's report.
 		fmt.Fprintln(w, ResultHeader)
 		fmt.Fprintln(w, r.Remote.Line())
+	case len(r.Sizes) > 0:
+		fmt.Fprintln(w, ResultHeader)
+		for i := range r.Sizes {
+			fmt.Fprintln(w, r.Sizes[i].Line())
+		}
 	default:
 		fmt.Fprintln(w, ResultHeader)
 		fmt.Fprintln(w, r.Local.Line())
@@ -130,6 +135,13 @@ func (r *Result) JSON(o *Options) map[string]any {
 		}
 		if !r.Server && r.Test != SendBW && r.Remote.Measured(o.Size) {
 			out["server_report"] = bw(&r.Remote)
+		}
+		if len(r.Sizes) > 0 {
+			sizes := make([]map[string]any, len(r.Sizes))
+			for i := range r.Sizes {
+				sizes[i] = bw(&r.Sizes[i])
+			}
+			out["sizes"] = sizes
 		}
 	}
 	return out

@@ -157,6 +157,12 @@ func TestSIW(t *testing.T) {
 		t.Run(c.serverName(), func(t *testing.T) { s.perftestServer(t, c) })
 	}
 
+	// perftest's all-sizes mode (-a), both ways.
+	for _, test := range []string{"write_bw", "read_bw"} {
+		t.Run("perftest/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, false) })
+		t.Run("perftest-server/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, true) })
+	}
+
 	// rdma-core's rdma_server and rdma_client, 20 sessions each way.
 	t.Run("rdma_server/gowarp-client", s.rdmaServerClient)
 	t.Run("rdma_client/gowarp-server", s.rdmaClientServer)

@@ -1,0 +1,73 @@
+package siwtest
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// perftestAll runs perftest's all-sizes mode (-a; gowarp perftest --all),
+// 2 B to 8 MiB doubling with n messages each, on one connection: gowarp's
+// client against siw's server, or siw's client against gowarp's server.
+// Each side's table has a line for every size; perftest's write_bw and
+// read_bw servers print the client's last, as gowarp's do.
+func (s *suite) perftestAll(t *testing.T, test string, gowarpServes bool) {
+	ctx := ctxFor(t, 4*time.Minute)
+	const n = 5
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	var out, gout string
+	if gowarpServes {
+		h, err := startHost(ctx, s.bin, "perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "--all", "-n", strconv.Itoa(n), test)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !waitListen(ctx, s.v.serve, 30*time.Second) {
+			t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
+		}
+		rc, o, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -a -n %d %s %s", test, guestServePort, n, hostFromGuest, stderr), 3*time.Minute)
+		gout = o
+		if err != nil || rc != 0 {
+			t.Errorf("guest ib_%s -a: rc %d, %v\n%s", test, rc, err, tail([]byte(gout), 3000))
+		}
+		if out, err = h.wait(ctx); err != nil {
+			t.Errorf("gowarp perftest --all server: %v\n%s", err, tail([]byte(out), 3000))
+		}
+	} else {
+		job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -a -n %d", test, guestPerftestPort, n), 3*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := startHost(ctx, s.bin, "perftest", "--all", "-n", strconv.Itoa(n), test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err = h.wait(ctx); err != nil {
+			t.Errorf("gowarp perftest --all: %v\n%s", err, tail([]byte(out), 3000))
+		}
+		rc, o, err := job.wait(ctx)
+		gout = o
+		if err != nil || rc != 0 {
+			t.Errorf("guest ib_%s -a server: rc %d, %v\n%s", test, rc, err, tail([]byte(gout), 3000))
+		}
+	}
+	client, server := gout, out
+	if !gowarpServes {
+		client, server = out, gout
+	}
+	lines := reportLine.FindAllStringSubmatch(client, -1)
+	if len(lines) != 23 {
+		t.Fatalf("the client printed %d result lines, want 23 (2 B to 8 MiB):\n%s", len(lines), client)
+	}
+	for i, l := range lines {
+		if l[1] != strconv.Itoa(2<<i) || l[2] != strconv.Itoa(n) {
+			t.Errorf("result line %d is for %s × %s, want %d × %d", i, l[1], l[2], 2<<i, n)
+		}
+	}
+	last := reportLine.FindAllStringSubmatch(server, -1)
+	if len(last) == 0 || last[len(last)-1][1] != "8388608" || last[len(last)-1][4] != lines[22][4] {
+		t.Errorf("the server's line %v, want the client's last, %v:\n%s", last, lines[22][1:], server)
+	}
+	detail = fmt.Sprintf("23 sizes × %d; at 8 MiB the client measured %s MB/s avg", n, lines[22][4])
+}
