@@ -69,15 +69,15 @@ const (
 
 // Options configure a run.
 type Options struct {
-	Test  Test
-	Addr  string // the server, host:port (client)
-	Size  int    // message size (-s); 0 for perftest's default
+	Test Test
+	Addr string // the server, host:port (client)
+	Size int    // message size (-s); 0 for perftest's default
 	// All runs every size from 2 bytes to MaxSize, doubling, on the one
 	// connection (perftest's -a, --all), write_bw and read_bw only: the
 	// client runs Iters messages of each and reports each; the server's
 	// buffer takes the largest. Size is then MaxSize.
-	All bool
-	Iters int    // messages (-n); 0 for perftest's default. Servers of send_bw need the client's.
+	All   bool
+	Iters int // messages (-n); 0 for perftest's default. Servers of send_bw need the client's.
 	// TxDepth is how many work requests stay outstanding (-t, bandwidth
 	// clients).
 	TxDepth int
