@@ -50,6 +50,10 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	bind := fs.String("a", "", "server: listen on `ADDR` (host, or host:port; all interfaces when empty)")
 	port := fs.Int("p", perftest.DefaultPort, "`port` to connect to or listen on when the address has none")
 	fs.IntVar(&o.Size, "s", 0, "message size in `bytes` (0: perftest's, 65536 for bw, 2 for lat)")
+	// Flags of perftest's command lines that mean nothing here, taken so
+	// that one pasted from a perftest run works.
+	fs.Bool("R", true, "accepted for perftest's command lines: gowarp always connects with rdma_cm (perftest's -R)")
+	fs.Bool("F", false, "accepted for perftest's command lines: gowarp reads no CPU frequency to warn about (perftest's -F)")
 	fs.BoolVar(&o.All, "all", false, "write_bw and read_bw: run every size from 2 B to 8 MiB, doubling (perftest's -a, --all; gowarp's -a is the address)")
 	fs.IntVar(&o.Iters, "n", 0, "`iterations` (0: perftest's, 5000 for write_bw, 1000 otherwise)")
 	fs.IntVar(&o.TxDepth, "t", perftest.DefaultTxDepth, "bandwidth clients: work requests outstanding (tx depth)")

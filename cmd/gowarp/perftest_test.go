@@ -27,41 +27,67 @@ func TestPerftestBothWays(t *testing.T) {
 			if strings.HasSuffix(c.test, "_lat") {
 				size = "64"
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			var sout, serr lockedBuf
-			var wg sync.WaitGroup
-			var scode int
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				scode = dispatch(ctx, []string{"perftest", "-a", "127.0.0.1", "-p", port, "-n", "50", "-s", size, c.test}, &sout, &serr)
-			}()
-			var cout, cerr lockedBuf
-			var ccode int
-			for try := 0; try < 50; try++ { // until the server listens
-				cout, cerr = lockedBuf{}, lockedBuf{}
-				ccode = dispatch(ctx, []string{"perftest", "-json", "-n", "50", "-s", size, c.test, "127.0.0.1:" + port}, &cout, &cerr)
-				if ccode == 0 || !strings.Contains(cerr.String(), "refused") {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			wg.Wait()
-			if ccode != 0 || scode != 0 {
-				t.Fatalf("client exit %d: %s%s\nserver exit %d: %s%s", ccode, cout.String(), cerr.String(), scode, sout.String(), serr.String())
-			}
-			if !c.line.MatchString(sout.String()) || !strings.Contains(sout.String(), "---------") {
-				t.Errorf("server's table:\n%s", sout.String())
+			sout, cout := perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "-n", "50", "-s", size, c.test},
+				[]string{"-json", "-n", "50", "-s", size, c.test, "127.0.0.1:" + port})
+			if !c.line.MatchString(sout) || !strings.Contains(sout, "---------") {
+				t.Errorf("server's table:\n%s", sout)
 			}
 			var j map[string]any
-			if err := json.Unmarshal([]byte(cout.String()), &j); err != nil {
-				t.Fatalf("client's -json: %v\n%s", err, cout.String())
+			if err := json.Unmarshal([]byte(cout), &j); err != nil {
+				t.Fatalf("client's -json: %v\n%s", err, cout)
 			}
 			if j["test"] != c.test || j["role"] != "client" || j["iters"] != 50.0 {
 				t.Errorf("client's -json: %v", j)
 			}
 		})
+	}
+}
+
+// perftestPair runs gowarp perftest as a server with sargs and as its
+// client with cargs (retried until the server listens) and returns what
+// each printed; either failing fails t.
+func perftestPair(t *testing.T, sargs, cargs []string) (server, client string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var sout, serr lockedBuf
+	var wg sync.WaitGroup
+	var scode int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		scode = dispatch(ctx, append([]string{"perftest"}, sargs...), &sout, &serr)
+	}()
+	var cout, cerr lockedBuf
+	var ccode int
+	for try := 0; try < 50; try++ { // until the server listens
+		cout, cerr = lockedBuf{}, lockedBuf{}
+		ccode = dispatch(ctx, append([]string{"perftest"}, cargs...), &cout, &cerr)
+		if ccode == 0 || !strings.Contains(cerr.String(), "refused") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	if ccode != 0 || scode != 0 {
+		t.Fatalf("client exit %d: %s%s\nserver exit %d: %s%s", ccode, cout.String(), cerr.String(), scode, sout.String(), serr.String())
+	}
+	return sout.String(), cout.String()
+}
+
+// TestPerftestAllSizes: --all (perftest's -a) on both sides, the client's
+// command line as pasted from a perftest run (-R and -F, which mean
+// nothing here, are taken): a line for every size from 2 B to 8 MiB.
+func TestPerftestAllSizes(t *testing.T) {
+	port := strconv.Itoa(freePort(t))
+	sout, cout := perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "--all", "-n", "5", "write_bw"},
+		[]string{"-R", "-F", "--all", "-n", "5", "write_bw", "127.0.0.1:" + port})
+	lines := regexp.MustCompile(`(?m)^ (\d+)\s+5\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+$`).FindAllStringSubmatch(cout, -1)
+	if len(lines) != 23 || lines[0][1] != "2" || lines[22][1] != "8388608" {
+		t.Errorf("client's table has %d size lines, want 23 from 2 to 8388608:\n%s", len(lines), cout)
+	}
+	if !strings.Contains(sout, " 8388608    5 ") {
+		t.Errorf("server's table lacks the client's last report:\n%s", sout)
 	}
 }
 
