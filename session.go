@@ -1594,7 +1594,14 @@ func (l *SessionListener) join(req *ConnRequest) {
 		_ = req.Reject(nil)
 	}
 	if err != nil {
-		l.cfg.Logger.Warn("gowarp session listener: accept failed", "from", req.RemoteAddr(), "err", err)
+		if s.Err() != nil {
+			// The session ended meanwhile (its peer closed it, say) and
+			// closed the queue pair of the path it was adding: nothing
+			// went wrong here.
+			l.cfg.Logger.Info("gowarp session listener: accept abandoned, the session ended", "from", req.RemoteAddr(), "err", err)
+		} else {
+			l.cfg.Logger.Warn("gowarp session listener: accept failed", "from", req.RemoteAddr(), "err", err)
+		}
 		if isNew {
 			l.mu.Lock()
 			delete(l.sessions, h.Session)

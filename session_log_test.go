@@ -33,7 +33,12 @@ func (l *levelLog) warnings() []string {
 	var w []string
 	for _, r := range l.recs {
 		if r.Level >= slog.LevelWarn {
-			w = append(w, r.Message)
+			m := r.Message
+			r.Attrs(func(a slog.Attr) bool {
+				m += " " + a.String()
+				return true
+			})
+			w = append(w, m)
 		}
 	}
 	return w
