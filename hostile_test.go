@@ -458,6 +458,29 @@ func TestResponderSendFirst(t *testing.T) {
 		t.Fatalf("after SendFirstDelay, the initiator silent: %+v %q %v", h, payload, err)
 	}
 
+	// A Disconnect right after the post, within the delay, still lets
+	// the Send leave once the delay is over, then closes.
+	srv := newServer(t, gowarp.ConnectOptions{SendFirst: true, SendFirstDelay: 300 * time.Millisecond})
+	p, _ = dialRaw(t, srv.ln.Addr().String(), false, 1, 1)
+	qp := srv.accepted(t)
+	src, _ := srv.pd.Register([]byte("hello"), 0)
+	if err := qp.PostSend(&gowarp.SendWR{Op: gowarp.OpSend, SGL: []gowarp.SGE{{MR: src, Length: 5}}}); err != nil {
+		t.Fatal(err)
+	}
+	disc := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		disc <- qp.Disconnect(ctx)
+	}()
+	p.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if h, payload, err := p.next(); err != nil || h.Opcode != wire.OpSend || string(payload[:5]) != "hello" {
+		t.Fatalf("disconnecting within SendFirstDelay: %+v %q %v, want the Send", h, payload, err)
+	}
+	if err := <-disc; err != nil {
+		t.Errorf("Disconnect: %v", err)
+	}
+
 	// An initiator that speaks first ends the wait.
 	p = dialNoP2PPostHello(t, gowarp.ConnectOptions{SendFirst: true, SendFirstDelay: time.Hour})
 	p.write(1, 0, nil) // a zero-length Write

@@ -315,7 +315,8 @@ func holdTx(hold bool, o *ConnectOptions) (bool, time.Duration) {
 // speak lets a responder with SendFirst transmit although the initiator
 // has not spoken yet (Params.SpeakAfter).
 func (q *QP) speak() {
-	if q.State() == StateReady && q.peerUp.CompareAndSwap(false, true) {
+	// Closing too: a Disconnect waits for the sends queued before it.
+	if s := q.State(); (s == StateReady || s == StateClosing) && q.peerUp.CompareAndSwap(false, true) {
 		q.kick()
 	}
 }
