@@ -57,7 +57,7 @@ const DefaultBusyPoll = 100 * time.Microsecond
 // sendFirstDelay is how long a responder with SendFirst waits after its
 // MPA reply for the initiator to speak before it speaks itself: long
 // enough for siw's initiator to have read the reply (which it reads in a
-// work item queued as the reply arrives), short beside a human's wait.
+// work item queued as the reply arrives), and once per connection only.
 const sendFirstDelay = 20 * time.Millisecond
 
 // Nudges are sent for the first nudgeTicks × NudgeEvery of a connection.
