@@ -476,6 +476,21 @@ func (s *Session) dial(ctx context.Context, p int, flags uint8) (*sconn, error) 
 	if err != nil {
 		return nil, err
 	}
+	h, err := s.connect(ctx, c, p, flags)
+	if err != nil {
+		s.drop(c)
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.peerWindow == 0 {
+		s.peerWindow, s.peerMax = uint64(min(int(h.Window), s.cfg.Window)), int(h.MaxMessage)
+	}
+	s.mu.Unlock()
+	return c, nil
+}
+
+// connect connects c on path p and returns the peer's hello, checked.
+func (s *Session) connect(ctx context.Context, c *sconn, p int, flags uint8) (failover.Hello, error) {
 	o := s.cfg.Connect
 	o.PrivateData = s.hello(p, flags)
 	s.mu.Lock()
@@ -485,28 +500,19 @@ func (s *Session) dial(ctx context.Context, p int, flags uint8) (*sconn, error) 
 	}
 	s.mu.Unlock()
 	if addr == "" {
-		s.drop(c)
-		return nil, errPathGone
+		return failover.Hello{}, errPathGone
 	}
 	if err := c.qp.Connect(ctx, addr, o); err != nil {
-		s.drop(c)
-		return nil, err
+		return failover.Hello{}, err
 	}
 	h, _, err := failover.ParseHello(c.qp.PeerPrivateData())
 	if err != nil || h.Flags&failover.Reply == 0 || h.Session != s.id {
-		s.drop(c)
-		return nil, fmt.Errorf("%w: reply from %s: %v", ErrNotSession, addr, err)
+		return h, fmt.Errorf("%w: reply from %s: %v", ErrNotSession, addr, err)
 	}
 	if !c.qp.Params().Extensions {
-		s.drop(c)
-		return nil, fmt.Errorf("%w: %s did not agree to immediate data", ErrNotSession, addr)
+		return h, fmt.Errorf("%w: %s did not agree to immediate data", ErrNotSession, addr)
 	}
-	s.mu.Lock()
-	if s.peerWindow == 0 {
-		s.peerWindow, s.peerMax = uint64(min(int(h.Window), s.cfg.Window)), int(h.MaxMessage)
-	}
-	s.mu.Unlock()
-	return c, nil
+	return h, nil
 }
 
 // errPathGone: a path the session no longer has (the peer moved to a

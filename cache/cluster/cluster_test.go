@@ -17,6 +17,7 @@ import (
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/cache"
 	"github.com/gowarp/gowarp/cache/cluster"
+	"github.com/gowarp/gowarp/internal/etcdtest"
 )
 
 // server is one cache server of a test cluster: registered in etcd
@@ -160,7 +161,7 @@ func onServer(t *testing.T, servers []*server, key string) []string {
 // (key-0 ...) through a cluster client.
 func startCluster(t *testing.T, n int) (ep string, servers []*server, c *cluster.Client) {
 	t.Helper()
-	ep = startEtcd(t)
+	ep = etcdtest.Start(t)
 	for _, id := range []string{"a", "b", "c"} {
 		servers = append(servers, startServer(t, ep, id))
 	}
@@ -295,7 +296,7 @@ func TestClusterServerVanishesMidRequest(t *testing.T) {
 // that parses but names an address where nobody serves: every key is
 // still stored and served by the servers that are there.
 func TestClusterBadMembers(t *testing.T) {
-	ep := startEtcd(t)
+	ep := etcdtest.Start(t)
 	startServer(t, ep, "a")
 	startServer(t, ep, "b")
 	cli := etcdClient(t, ep)

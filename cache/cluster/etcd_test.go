@@ -17,10 +17,6 @@ import (
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// startEtcd starts a one-node etcd until the test ends; it returns the
-// client endpoint.
-func startEtcd(t testing.TB) string { return etcdtest.Start(t) }
-
 func etcdClient(t testing.TB, endpoint string) *clientv3.Client {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -66,7 +62,7 @@ func ids(ms []cluster.Member) string {
 }
 
 func TestMembershipJoinLeaveExpire(t *testing.T) {
-	ep := startEtcd(t)
+	ep := etcdtest.Start(t)
 	ctx := ctxT(t)
 	cli := etcdClient(t, ep)
 	w, err := cluster.Watch(ctx, cli, "t", cluster.WatchOptions{Logger: quiet})
@@ -127,7 +123,7 @@ func TestMembershipJoinLeaveExpire(t *testing.T) {
 // TestJoinRestart: a server that restarts under its ID and address before
 // its old lease expired takes its record over.
 func TestJoinRestart(t *testing.T) {
-	ep := startEtcd(t)
+	ep := etcdtest.Start(t)
 	ctx := ctxT(t)
 	m := cluster.Member{ID: "a", Addr: "127.0.0.1:7000"}
 	old := etcdClient(t, ep)
@@ -155,7 +151,7 @@ func TestJoinRestart(t *testing.T) {
 // TestMembershipHostileRecords: records that do not parse are left out,
 // said why, and never stop the others from being seen.
 func TestMembershipHostileRecords(t *testing.T) {
-	ep := startEtcd(t)
+	ep := etcdtest.Start(t)
 	ctx := ctxT(t)
 	cli := etcdClient(t, ep)
 	p := cluster.Prefix("t") + "members/"

@@ -201,7 +201,7 @@ func (n *node) await(ctx context.Context, cq *gowarp.CQ, what string, c config) 
 	return nil
 }
 
-// each runs f for every node at once and returns the first error.
+// each runs f for every node at once and returns their errors, joined.
 func each(nodes []*node, f func(*node) error) error {
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup

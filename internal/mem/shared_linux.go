@@ -39,15 +39,27 @@ func (t *Table) RegisterShared(pd uint32, n int, access Access, o Options) (*Reg
 	if err != nil {
 		return fail("mmap", err)
 	}
-	r, err := t.Register(pd, [][]byte{m}, access, o)
+	r, err := t.registerMapping(pd, &Shared{ID: sharedIDs.Add(1), PID: os.Getpid(), FD: fd, Ino: st.Ino, Size: n, mem: m}, access, o)
 	if err != nil {
-		unix.Munmap(m)
-		unix.Close(fd)
 		return nil, err
 	}
-	// Set before the caller has r: only its Deregister reads it.
-	r.shared = &Shared{ID: sharedIDs.Add(1), PID: os.Getpid(), FD: fd, Ino: st.Ino, Size: n, mem: m}
 	addShared(r.shared)
+	return r, nil
+}
+
+// registerMapping registers sh's mapping as a region, which then owns it:
+// Deregister unmaps it and closes its memfd, if any (free). If the
+// registration fails, both go at once.
+func (t *Table) registerMapping(pd uint32, sh *Shared, access Access, o Options) (*Region, error) {
+	r, err := t.Register(pd, [][]byte{sh.mem}, access, o)
+	if err != nil {
+		unix.Munmap(sh.mem)
+		if sh.FD >= 0 {
+			unix.Close(sh.FD)
+		}
+		return nil, err
+	}
+	r.shared = sh // set before the caller has r: only its Deregister reads it
 	return r, nil
 }
 
@@ -80,12 +92,6 @@ func (t *Table) RegisterAnon(pd uint32, n int, access Access, o Options) (*Regio
 	if err != nil {
 		return nil, fmt.Errorf("gowarp: register: mmap: %w", err)
 	}
-	r, err := t.Register(pd, [][]byte{m}, access, o)
-	if err != nil {
-		unix.Munmap(m)
-		return nil, err
-	}
 	// Never listed (addShared): no peer maps it.
-	r.shared = &Shared{FD: -1, Size: n, mem: m} // set before the caller has r: only its Deregister reads it
-	return r, nil
+	return t.registerMapping(pd, &Shared{FD: -1, Size: n, mem: m}, access, o)
 }

@@ -14,10 +14,8 @@ func (t *Table) RegisterShared(pd uint32, n int, access Access, o Options) (*Reg
 func (s *Shared) free() error { return nil }
 
 // RegisterAnon registers n bytes of new, zeroed memory; on Linux it is
-// mapped outside the Go heap, elsewhere it is ordinary memory.
+// mapped outside the Go heap, elsewhere it is ordinary memory, as
+// RegisterShared's is.
 func (t *Table) RegisterAnon(pd uint32, n int, access Access, o Options) (*Region, error) {
-	if n <= 0 {
-		return nil, ErrEmpty
-	}
-	return t.Register(pd, [][]byte{make([]byte, n)}, access, o)
+	return t.RegisterShared(pd, n, access, o)
 }

@@ -434,8 +434,6 @@ func dialControl(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, r *Resu
 			return c, nil
 		}
 		c.close()
-		c.sbuf.Deregister()
-		c.rbuf.Deregister()
 		again := errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
 		if !again {
 			return nil, fmt.Errorf("perftest: control connection: %w", err)

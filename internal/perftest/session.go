@@ -22,7 +22,7 @@ type session struct {
 	c      *control
 	d      *data
 	r      *Result
-	cycle  int // the cycle buffer: this side's page size, or the peer's if larger
+	cycle  int // the peer's cycle buffer (its page size), at most maxCycle
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -92,7 +92,8 @@ func (s *session) run(ctx context.Context) error {
 		}
 		switch st {
 		case StepCycle:
-			s.cycle = max(os.Getpagesize(), min(int(binary.BigEndian.Uint32(got)), maxCycle))
+			// Both sides take the larger (perftest's check_sys_data).
+			s.cycle = min(int(binary.BigEndian.Uint32(got)), maxCycle)
 		case StepVersion:
 			s.r.PeerVersion = ParseVersion(got)
 			s.logf("peer is perftest %s", s.r.PeerVersion)
@@ -176,15 +177,15 @@ func newControl(dev *gowarp.Device, pd *gowarp.PD, r *Result, server bool) (*con
 		return nil, err
 	}
 	if c.sbuf, err = pd.Register(make([]byte, ctrlBuf), gowarp.LocalWrite); err != nil {
-		c.qp.Close()
+		c.close()
 		return nil, err
 	}
 	if c.rbuf, err = pd.Register(make([]byte, ctrlBuf), gowarp.LocalWrite); err != nil {
-		c.qp.Close()
+		c.close()
 		return nil, err
 	}
 	if err := c.postRecv(); err != nil {
-		c.qp.Close()
+		c.close()
 		return nil, err
 	}
 	return c, nil
@@ -306,7 +307,15 @@ func (c *control) recv(ctx context.Context) ([]byte, error) {
 	return m, nil
 }
 
-func (c *control) close() { c.qp.Close() }
+// close closes the queue pair and deregisters the buffers it used.
+func (c *control) close() {
+	c.qp.Close()
+	for _, mr := range []*gowarp.MR{c.sbuf, c.rbuf} {
+		if mr != nil {
+			mr.Deregister()
+		}
+	}
+}
 
 // data is the data connection and its buffers.
 type data struct {
@@ -316,7 +325,7 @@ type data struct {
 	buf    *gowarp.MR // two halves: what this side sends, what the peer places
 	size   int        // a message's
 	half   int        // a half's: see halfSize
-	cycle  int        // the cycle buffer (halfSize)
+	cycle  int        // the cycle buffer: this side's page size or the peer's, the larger
 	credit *gowarp.MR // send_bw client: the server Writes its credit count here
 	words  []uint32   // the credit buffer's memory
 	qpn    uint32
@@ -340,10 +349,11 @@ func halfSize(size, cycle int) int {
 	return (max(size, cycle) + CacheLine - 1) / CacheLine * CacheLine
 }
 
-// newData allocates a data connection's buffers and queue pair.
-func newData(dev *gowarp.Device, pd *gowarp.PD, o *Options, cycle int) (*data, error) {
+// newData allocates a data connection's buffers and queue pair; peerCycle
+// is the peer's cycle buffer.
+func newData(dev *gowarp.Device, pd *gowarp.PD, o *Options, peerCycle int) (*data, error) {
 	d := &data{cq: dev.NewCQ(2*o.TxDepth + o.RxDepth + 16), qpn: 0x100 + rand.Uint32N(0xff00), size: o.Size, pd: pd}
-	d.cycle = max(cycle, os.Getpagesize())
+	d.cycle = max(peerCycle, os.Getpagesize())
 	d.half = halfSize(o.Size, d.cycle)
 	var err error
 	// perftest registers its buffer with every right.
