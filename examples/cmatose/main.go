@@ -192,10 +192,16 @@ func (n *node) await(ctx context.Context, cq *gowarp.CQ, what string, c config) 
 	// have all completed, when no message is landing in it any more; the
 	// pattern is the same in every message.
 	if c.check && cq == n.recvCQ && c.count > 0 {
-		for i, b := range n.in {
-			if b != pattern(i) {
-				return fmt.Errorf("connection %d: byte %d received is %#x, want %#x", n.id, i, b, pattern(i))
-			}
+		return n.checkReceived()
+	}
+	return nil
+}
+
+// checkReceived checks that the receive buffer holds the pattern.
+func (n *node) checkReceived() error {
+	for i, b := range n.in {
+		if b != pattern(i) {
+			return fmt.Errorf("connection %d: byte %d received is %#x, want %#x", n.id, i, b, pattern(i))
 		}
 	}
 	return nil
