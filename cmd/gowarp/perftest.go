@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gowarp/gowarp"
 	"github.com/gowarp/gowarp/internal/perftest"
@@ -56,6 +57,9 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.Bool("F", false, "accepted for perftest's command lines: gowarp reads no CPU frequency to warn about (perftest's -F)")
 	fs.BoolVar(&o.All, "all", false, "write_bw and read_bw: run every size from 2 B to 8 MiB, doubling (perftest's -a, --all; gowarp's -a is the address)")
 	fs.IntVar(&o.Iters, "n", 0, "`iterations` (0: perftest's, 5000 for write_bw, 1000 otherwise)")
+	fs.IntVar(&o.QPs, "q", 1, "write_bw and read_bw: `N` data connections, each with its own queue pair (perftest's -q; give both sides the same)")
+	secs := fs.Int("D", 0, "write_bw and read_bw clients: run for `seconds` instead of -n messages, measuring between margins of a quarter of it (perftest's -D; a server takes it and needs none)")
+	fs.BoolVar(&o.Gbits, "report_gbits", false, "report bandwidth in Gb/s, not MB/s (perftest's --report_gbits; a server prints the client's figures in its own unit, as perftest's does)")
 	fs.IntVar(&o.TxDepth, "t", perftest.DefaultTxDepth, "bandwidth clients: work requests outstanding (tx depth)")
 	fs.IntVar(&o.RxDepth, "r", perftest.DefaultRxDepth, "send tests: rx depth (perftest -r; at most -n)")
 	fs.DurationVar(&o.Settle, "settle", 0, "client: wait after the control connection before the first message (perftest's client waits 1 s;\ngowarp needs no wait: its queue pair wakes a siw server that missed the first message)")
@@ -87,6 +91,11 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 	o.Test = perftest.Test(*test)
+	if *secs < 0 {
+		fmt.Fprintf(stderr, "gowarp perftest: -D %d: a duration is positive\n", *secs)
+		return exitUsage
+	}
+	o.Duration = time.Duration(*secs) * time.Second
 	if o.Test == "" {
 		fmt.Fprintln(stderr, "gowarp perftest: give a test")
 		fs.Usage()

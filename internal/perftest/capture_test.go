@@ -404,7 +404,7 @@ func TestReportFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Line(); got != " 4096       5                29.36              12.75  \t\t   0.003264" {
+	if got := r.Line(false); got != " 4096       5                29.36              12.75  \t\t   0.003264" {
 		t.Errorf("Line() = %q", got)
 	}
 	if !r.Plausible(4096) {
@@ -422,7 +422,7 @@ func TestReportFigures(t *testing.T) {
 		tp[i] = int64(i) * 1e6
 		tc[i] = tp[i] + 1e6
 	}
-	got := report(1<<20, tp, tc)
+	got := report(1<<20, tp, tc, mib)
 	if math.Abs(got.BWAvg-1000) > 1e-6 || math.Abs(got.BWPeak-1000) > 1e-6 || math.Abs(got.MsgRateMpps-0.001) > 1e-9 {
 		t.Errorf("report = %+v, want 1000 MB/s average and peak, 0.001 Mpps", got)
 	}

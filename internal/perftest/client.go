@@ -99,9 +99,30 @@ type Options struct {
 	// handshake (perftest retries 10 times 100 ms apart).
 	DataTries int
 	DataGap   time.Duration
+	// QPs is the number of data connections, each with its own queue
+	// pair (perftest's -q), write_bw and read_bw only: the client runs
+	// Iters messages on each, posting to them in turn as perftest does,
+	// and reports them together (Iters × QPs); both sides must be given
+	// it. 0 is 1.
+	QPs int
+	// Duration makes a write_bw or read_bw client run for this long
+	// instead of Iters messages (perftest's -D, whole seconds): it
+	// measures the messages that complete between a margin of a quarter
+	// of it (whole seconds, as perftest's) from the start and the same
+	// margin before the end, and reports no peak. A server needs none
+	// (perftest's write_bw and read_bw servers do nothing in the run).
+	Duration time.Duration
+	// Gbits reports bandwidth in Gb/s of 10^9 bits (perftest's
+	// --report_gbits), not MB/s of 2^20 bytes. A server prints the
+	// client's report in its own unit, as perftest's does: give both
+	// sides the same.
+	Gbits bool
 	// Log receives a line per protocol step; nil for none.
 	Log io.Writer
 }
+
+// MaxQPs bounds QPs.
+const MaxQPs = 64
 
 // Fill sets perftest's defaults for the options left zero and checks
 // them, as Run and Serve do.
@@ -121,6 +142,26 @@ func (o *Options) defaults() error {
 			return fmt.Errorf("perftest: all sizes (-a, --all) with a size (-s %d)", o.Size)
 		}
 		o.Size = MaxSize
+	}
+	if o.QPs == 0 {
+		o.QPs = 1
+	}
+	if o.QPs < 1 || o.QPs > MaxQPs {
+		return fmt.Errorf("perftest: %d queue pairs (-q) out of range 1..%d", o.QPs, MaxQPs)
+	}
+	if o.QPs > 1 && o.Test != WriteBW && o.Test != ReadBW {
+		return fmt.Errorf("perftest: several queue pairs (-q %d) are supported for write_bw and read_bw, not %s", o.QPs, o.Test)
+	}
+	if o.Duration != 0 {
+		if o.Test != WriteBW && o.Test != ReadBW {
+			return fmt.Errorf("perftest: a duration (-D) is supported for write_bw and read_bw, not %s", o.Test)
+		}
+		if o.Duration < time.Second || o.Duration%time.Second != 0 {
+			return fmt.Errorf("perftest: duration %v: perftest's -D is a whole number of seconds, at least 1", o.Duration)
+		}
+		if o.All {
+			return errors.New("perftest: a duration (-D) with all sizes (-a, --all)")
+		}
 	}
 	if o.Size == 0 {
 		o.Size = DefaultSize
@@ -187,8 +228,12 @@ type Result struct {
 	// Lat is this side's latency report (read_lat: the client's only).
 	Lat         LatReport
 	PeerVersion string
+	// LocalDest and RemoteDest are the first data queue pair's dests;
+	// LocalDests and RemoteDests all of them (Options.QPs).
 	LocalDest   Dest
 	RemoteDest  Dest
+	LocalDests  []Dest
+	RemoteDests []Dest
 	Transcript  []Message // the control connection, in order
 }
 
@@ -289,7 +334,9 @@ func (s *session) waitPeerClose(d time.Duration) {
 func (s *session) disconnect() {
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	s.d.qp.Disconnect(dctx)
+	for _, qp := range s.d.qps {
+		qp.Disconnect(dctx)
+	}
 	s.c.qp.Disconnect(dctx)
 }
 
@@ -302,23 +349,50 @@ func (s *session) disconnect() {
 //go:noinline
 func credits(p *uint32) uint32 { return *p }
 
-// traffic runs the test: Iters work requests, TxDepth outstanding, each
-// signaled, timed from post to completion as perftest does.
-func (d *data) traffic(ctx context.Context, o *Options, srv *Dest, rep *Report) error {
-	n := o.Iters
-	tposted := make([]int64, n)
-	tcompleted := make([]int64, n)
+// traffic runs the test: Iters work requests on each queue pair (or as
+// many as Duration allows), TxDepth outstanding on each, each signaled,
+// timed from post to completion as perftest does. peers are the server's
+// dests, one for each queue pair.
+func (d *data) traffic(ctx context.Context, o *Options, peers []Dest, rep *Report) error {
+	type lane struct {
+		wr                gowarp.SendWR
+		sge               []gowarp.SGE
+		peer              *Dest
+		posted, completed int
+	}
+	lanes := make([]lane, len(d.qps))
+	for i := range lanes {
+		l := &lanes[i]
+		l.peer = &peers[i]
+		l.sge = []gowarp.SGE{{MR: d.buf, Offset: d.base(i), Length: o.Size}}
+		l.wr = gowarp.SendWR{ID: uint64(i), Flags: gowarp.Signaled, SGL: l.sge, RKey: gowarp.STag(l.peer.RKey)}
+		switch o.Test {
+		case WriteBW:
+			l.wr.Op = gowarp.OpWrite
+		case ReadBW:
+			l.wr.Op = gowarp.OpRead
+		case SendBW:
+			l.wr.Op = gowarp.OpSend
+		}
+	}
+	var tposted, tcompleted []int64
+	n := o.Iters // per queue pair
+	if o.Duration == 0 {
+		tposted = make([]int64, n*len(lanes))
+		tcompleted = make([]int64, n*len(lanes))
+	}
 	t0 := time.Now()
 	now := func() int64 { return int64(time.Since(t0)) }
-	sge := []gowarp.SGE{{MR: d.buf, Length: o.Size}}
-	wr := gowarp.SendWR{Flags: gowarp.Signaled, SGL: sge, RemoteAddr: srv.VAddr, RKey: gowarp.STag(srv.RKey)}
-	switch o.Test {
-	case WriteBW:
-		wr.Op = gowarp.OpWrite
-	case ReadBW:
-		wr.Op = gowarp.OpRead
-	case SendBW:
-		wr.Op = gowarp.OpSend
+	// A run of a Duration measures between its margins (perftest's
+	// SAMPLE_STATE), and posts until its end.
+	margin := int64(o.Duration / 4 / time.Second * time.Second)
+	sampleFrom, sampleTo, end := margin, int64(o.Duration)-margin, int64(o.Duration)
+	sampled := 0
+	more := func(l *lane, t int64) bool {
+		if o.Duration != 0 {
+			return t < end
+		}
+		return l.posted < n
 	}
 	// As perftest (increase_rem_addr, increase_loc_addr), messages of at
 	// most half the cycle buffer move through it a cache-line-rounded
@@ -330,46 +404,63 @@ func (d *data) traffic(ctx context.Context, o *Options, srv *Dest, rep *Report) 
 	}
 	var wc [64]gowarp.Completion
 	var credit uint32
-	posted, completed := 0, 0
-	for completed < n {
-		blocked := false
-		for posted < n && posted-completed < o.TxDepth {
-			if o.Test == SendBW {
-				if c := credits(&d.words[1]); c > credit && int(c) <= posted {
-					credit = c
+	totPosted, totCompleted := 0, 0
+	for {
+		t := now()
+		blocked, busy := false, false
+		for i := range lanes {
+			l := &lanes[i]
+			for more(l, t) && l.posted-l.completed < o.TxDepth {
+				if o.Test == SendBW {
+					if c := credits(&d.words[1]); c > credit && int(c) <= l.posted {
+						credit = c
+					}
+					if l.posted-int(credit) >= o.RxDepth {
+						blocked = true
+						break
+					}
 				}
-				if posted-int(credit) >= o.RxDepth {
-					blocked = true
-					break
+				off := l.posted % slots * inc
+				l.sge[0].Offset = d.base(i) + off
+				if o.Test != SendBW {
+					l.wr.RemoteAddr = l.peer.VAddr + uint64(off)
 				}
+				if tposted != nil {
+					tposted[totPosted] = now()
+				}
+				if err := d.qps[i].PostSend(&l.wr); err != nil {
+					return fmt.Errorf("posting work request %d: %w", totPosted, err)
+				}
+				l.posted++
+				totPosted++
 			}
-			off := posted % slots * inc
-			sge[0].Offset = off
-			if o.Test != SendBW {
-				wr.RemoteAddr = srv.VAddr + uint64(off)
-			}
-			wr.ID = uint64(posted)
-			tposted[posted] = now()
-			if err := d.qp.PostSend(&wr); err != nil {
-				return fmt.Errorf("posting work request %d: %w", posted, err)
-			}
-			posted++
+			busy = busy || l.completed < l.posted || more(l, t)
+		}
+		if !busy {
+			break
 		}
 		k := d.cq.Poll(wc[:])
+		t = now()
 		for _, w := range wc[:k] {
 			if err := w.Err(); err != nil {
-				if qerr := d.qp.Err(); qerr != nil {
-					return fmt.Errorf("work request %d: %w (%w)", w.ID, err, qerr)
+				if qerr := w.QP.Err(); qerr != nil {
+					return fmt.Errorf("work request %d on queue pair %d: %w (%w)", lanes[w.ID].completed, w.ID, err, qerr)
 				}
-				return fmt.Errorf("work request %d: %w", w.ID, err)
+				return fmt.Errorf("work request %d on queue pair %d: %w", lanes[w.ID].completed, w.ID, err)
 			}
-			tcompleted[completed] = now()
-			completed++
+			if tcompleted != nil {
+				tcompleted[totCompleted] = t
+			}
+			if t >= sampleFrom && t < sampleTo {
+				sampled++
+			}
+			lanes[w.ID].completed++
+			totCompleted++
 		}
 		if k > 0 {
 			continue
 		}
-		if blocked && posted == completed {
+		if blocked && totPosted == totCompleted {
 			// Waiting for credit: it comes as an RDMA Write, which makes
 			// no completion here.
 			if err := ctx.Err(); err != nil {
@@ -378,27 +469,58 @@ func (d *data) traffic(ctx context.Context, o *Options, srv *Dest, rep *Report) 
 			time.Sleep(20 * time.Microsecond)
 			continue
 		}
-		if err := d.cq.Wait(ctx); err != nil {
+		if totPosted == totCompleted {
+			continue // a Duration's run between posts: its end is due
+		}
+		if err := d.waitCQ(ctx, o, t, end); err != nil {
 			return err
 		}
 	}
-	*rep = report(o.Size, tposted, tcompleted)
+	if o.Duration != 0 {
+		*rep = reportSampled(o.Size, sampled, time.Duration(sampleTo-sampleFrom), o.unit())
+		return nil
+	}
+	*rep = report(o.Size, tposted, tcompleted, o.unit())
 	return nil
+}
+
+// waitCQ waits for a completion, in a run of a Duration no later than its
+// end, at t.
+func (d *data) waitCQ(ctx context.Context, o *Options, t, end int64) error {
+	if o.Duration == 0 || t >= end {
+		return d.cq.Wait(ctx)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Duration(end-t))
+	defer cancel()
+	if err := d.cq.Wait(wctx); err != nil && ctx.Err() != nil {
+		return err
+	}
+	return nil
+}
+
+// reportSampled is a run of a Duration's report, as perftest's: n
+// messages completed in the sampled time, and no peak.
+func reportSampled(size, n int, sample time.Duration, unit float64) Report {
+	r := Report{Size: uint64(size), Iters: uint64(n)}
+	if sec := sample.Seconds(); sec > 0 {
+		r.BWAvg = float64(size) * float64(n) / sec / unit
+		r.MsgRateMpps = float64(n) / sec / 1e6
+	}
+	return r
 }
 
 // report computes perftest's figures: average bandwidth over the whole
 // run, message rate, and peak bandwidth from the best
 // (tcompleted[j]-tposted[i])/(j-i+1) over all i ≤ j (sampled for long
 // runs).
-func report(size int, tposted, tcompleted []int64) Report {
+func report(size int, tposted, tcompleted []int64, unit float64) Report {
 	n := len(tposted)
 	r := Report{Size: uint64(size), Iters: uint64(n)}
 	dt := float64(tcompleted[n-1]-tposted[0]) / 1e9
 	if dt <= 0 {
 		return r
 	}
-	const mb = 1 << 20
-	r.BWAvg = float64(size) * float64(n) / dt / mb
+	r.BWAvg = float64(size) * float64(n) / dt / unit
 	r.MsgRateMpps = float64(n) / dt / 1e6
 	step := max(1, n/2048)
 	best := float64(tcompleted[n-1] - tposted[0])
@@ -409,7 +531,7 @@ func report(size int, tposted, tcompleted []int64) Report {
 			}
 		}
 	}
-	r.BWPeak = float64(size) / (best / 1e9) / mb
+	r.BWPeak = float64(size) / (best / 1e9) / unit
 	return r
 }
 

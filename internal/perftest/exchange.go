@@ -45,10 +45,20 @@ func (s Step) Message() bool { return s >= StepVersion && s <= StepReport }
 // ("6.06") runs it with -R. The bandwidth tests' exchange is the one of
 // the captures in wire/testdata/siw; the latency tests' likewise
 // (perftest-*_lat.pcap).
-func Script(t Test) []Step {
+func Script(t Test) []Step { return ScriptQPs(t, 1) }
+
+// ScriptQPs is Script for a run on qps data queue pairs (write_bw and
+// read_bw): the data connection step connects them all, and perftest
+// exchanges each queue pair's dest in turn twice before the first queue
+// pair's "additional handshake" (siw's ib_write_bw -q 2 sent the dests of
+// its queue pairs 0, 1, 0, 1, then 0).
+func ScriptQPs(t Test, qps int) []Step {
 	s := []Step{StepVersion, StepCycle, StepCacheLine, StepMTU, StepZeroDest, ActData, StepZeroDest}
 	switch t {
 	case WriteBW, ReadBW:
+		for range 2 * (qps - 1) {
+			s = append(s, StepDest)
+		}
 		s = append(s, StepDest, StepDest, StepDest, ActTraffic, StepDest)
 		for range reportFields {
 			s = append(s, StepReport)

@@ -131,7 +131,8 @@ func ParseDest(b []byte) (Dest, error) {
 }
 
 // Report is perftest's struct bw_report_data: what print_report_bw shows.
-// Bandwidths are in MB/s of 2^20 bytes, as perftest's MB/sec; the message
+// Bandwidths are in MB/s of 2^20 bytes, as perftest's MB/sec, or in Gb/s
+// with Options.Gbits (a peer's report is in the peer's unit); the message
 // rate in millions per second.
 type Report struct {
 	Size, Iters   uint64
@@ -172,11 +173,27 @@ func (r *Report) Plausible(size int) bool {
 	return r.Size == uint64(size) && r.Iters > 0 && ok(r.BWPeak) && ok(r.BWAvg) && ok(r.MsgRateMpps)
 }
 
-// ResultHeader and Line print a report the way perftest does.
-const ResultHeader = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+// ResultHeader, ResultHeaderG (--report_gbits) and Line print a report
+// the way perftest does.
+const (
+	ResultHeader  = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+	ResultHeaderG = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+)
 
-// Line formats r as perftest's result line.
-func (r *Report) Line() string {
+// resultHeader is the header of a table in Gb/s or MB/s.
+func resultHeader(gbits bool) string {
+	if gbits {
+		return ResultHeaderG
+	}
+	return ResultHeader
+}
+
+// Line formats r as perftest's result line; gbits says its figures are in
+// Gb/s, which perftest prints with more digits below 0.1.
+func (r *Report) Line(gbits bool) string {
+	if gbits && r.BWAvg < 0.1 {
+		return fmt.Sprintf(" %-7d    %d           %-7.6f            %-7.6f            %-7.6f", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRateMpps)
+	}
 	return fmt.Sprintf(" %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRateMpps)
 }
 

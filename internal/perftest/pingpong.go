@@ -206,6 +206,6 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 	if err := d.waitCounts(ctx, sends0+writes, 0); err != nil {
 		return err
 	}
-	*rep = reportRecv(o.Size, n, first, last)
+	*rep = reportRecv(o.Size, n, first, last, o.unit())
 	return nil
 }

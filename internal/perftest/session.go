@@ -32,8 +32,8 @@ func (s *session) logf(format string, args ...any) {
 }
 
 // myMessage returns this side's message for step st; report is the index
-// of the report field.
-func (s *session) myMessage(st Step, report int) []byte {
+// of the report field, dest the number of dests exchanged before.
+func (s *session) myMessage(st Step, report, dest int) []byte {
 	switch st {
 	case StepVersion:
 		return AppendVersion(nil, Version)
@@ -47,25 +47,34 @@ func (s *session) myMessage(st Step, report int) []byte {
 		var zero Dest
 		return zero.Append(nil)
 	case StepDest:
-		return s.r.LocalDest.Append(nil)
+		return s.r.LocalDests[qpOfDest(dest, len(s.r.LocalDests))].Append(nil)
 	case StepReport:
 		return s.r.Local.reportMsgs()[report]
 	}
 	panic(fmt.Sprintf("perftest: no message for %v", st))
 }
 
+// qpOfDest is the queue pair whose dest is the kth (from 0) of a run on
+// qps queue pairs: each in turn twice, then the first's (ScriptQPs).
+func qpOfDest(k, qps int) int {
+	if k < 2*qps {
+		return k % qps
+	}
+	return 0
+}
+
 // run walks the script. The control connection is up.
 func (s *session) run(ctx context.Context) error {
 	var reports [reportFields][]byte
 	nreport, ndest := 0, 0
-	for _, st := range Script(s.o.Test) {
+	for _, st := range ScriptQPs(s.o.Test, s.o.QPs) {
 		if !st.Message() {
 			if err := s.act(ctx, st); err != nil {
 				return err
 			}
 			continue
 		}
-		mine := s.myMessage(st, nreport)
+		mine := s.myMessage(st, nreport, ndest)
 		var got []byte
 		var err error
 		if s.server {
@@ -102,13 +111,15 @@ func (s *session) run(ctx context.Context) error {
 			}
 		case StepDest:
 			d, _ := ParseDest(got) // CheckMessage saw its length
+			qp := qpOfDest(ndest, s.o.QPs)
 			ndest++
-			if ndest == 1 {
-				s.r.RemoteDest = d
+			if ndest <= s.o.QPs {
+				s.r.RemoteDests = append(s.r.RemoteDests, d)
+				s.r.RemoteDest = s.r.RemoteDests[0]
 				s.logf("peer: qpn %#x rkey %#x vaddr %#x", d.QPN, d.RKey, d.VAddr)
-			} else if d.RKey != s.r.RemoteDest.RKey || d.VAddr != s.r.RemoteDest.VAddr {
-				return fmt.Errorf("perftest: peer's dest %d names rkey %#x vaddr %#x, the first named %#x %#x",
-					ndest, d.RKey, d.VAddr, s.r.RemoteDest.RKey, s.r.RemoteDest.VAddr)
+			} else if was := s.r.RemoteDests[qp]; d.RKey != was.RKey || d.VAddr != was.VAddr {
+				return fmt.Errorf("perftest: peer's dest %d names rkey %#x vaddr %#x, its queue pair %d's named %#x %#x",
+					ndest, d.RKey, d.VAddr, qp, was.RKey, was.VAddr)
 			}
 		case StepReport:
 			nreport++
@@ -135,7 +146,10 @@ func (s *session) act(ctx context.Context, st Step) error {
 		if err != nil {
 			return fmt.Errorf("perftest: data connection: %w", err)
 		}
-		s.r.LocalDest = s.d.dest(s.o, s.server)
+		for i := range s.d.qps {
+			s.r.LocalDests = append(s.r.LocalDests, s.d.dest(s.o, s.server, i))
+		}
+		s.r.LocalDest = s.r.LocalDests[0]
 		return nil
 	case ActRecvs:
 		if s.server || s.o.Test == SendLat {
@@ -143,8 +157,13 @@ func (s *session) act(ctx context.Context, st Step) error {
 		}
 		return nil
 	case ActTraffic:
-		s.logf("running %v: %d × %d B", s.o.Test, s.o.Iters, s.o.Size)
-		if err := s.d.run(ctx, s.o, s.server, &s.r.RemoteDest, s.r); err != nil {
+		switch {
+		case s.o.Duration != 0 && !s.server:
+			s.logf("running %v: %d B for %v on %d queue pairs", s.o.Test, s.o.Size, s.o.Duration, s.o.QPs)
+		default:
+			s.logf("running %v: %d × %d B on %d queue pairs", s.o.Test, s.o.Iters, s.o.Size, s.o.QPs)
+		}
+		if err := s.d.run(ctx, s.o, s.server, s.r.RemoteDests, s.r); err != nil {
 			return fmt.Errorf("perftest: %s traffic: %w", s.o.Test, err)
 		}
 		s.logf("traffic done")
@@ -317,12 +336,13 @@ func (c *control) close() {
 	}
 }
 
-// data is the data connection and its buffers.
+// data is the data connections and their buffers.
 type data struct {
-	qp     *gowarp.QP
+	qp     *gowarp.QP   // the first queue pair, the only one but with Options.QPs
+	qps    []*gowarp.QP // all of them, qps[0] == qp, sharing cq and buf
 	cq     *gowarp.CQ
 	pd     *gowarp.PD
-	buf    *gowarp.MR // two halves: what this side sends, what the peer places
+	buf    *gowarp.MR // for each queue pair, two halves: what this side sends, what the peer places
 	size   int        // a message's
 	half   int        // a half's: see halfSize
 	cycle  int        // the cycle buffer: this side's page size or the peer's, the larger
@@ -352,12 +372,12 @@ func halfSize(size, cycle int) int {
 // newData allocates a data connection's buffers and queue pair; peerCycle
 // is the peer's cycle buffer.
 func newData(dev *gowarp.Device, pd *gowarp.PD, o *Options, peerCycle int) (*data, error) {
-	d := &data{cq: dev.NewCQ(2*o.TxDepth + o.RxDepth + 16), qpn: 0x100 + rand.Uint32N(0xff00), size: o.Size, pd: pd}
+	d := &data{cq: dev.NewCQ(2*o.TxDepth*o.QPs + o.RxDepth + 16), qpn: 0x100 + rand.Uint32N(0xff00), size: o.Size, pd: pd}
 	d.cycle = max(peerCycle, os.Getpagesize())
 	d.half = halfSize(o.Size, d.cycle)
 	var err error
 	// perftest registers its buffer with every right.
-	if d.buf, err = pd.Register(make([]byte, 2*d.half), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
+	if d.buf, err = pd.Register(make([]byte, 2*d.half*o.QPs), gowarp.LocalWrite|gowarp.RemoteRead|gowarp.RemoteWrite); err != nil {
 		return nil, err
 	}
 	d.words = make([]uint32, 2)
@@ -388,6 +408,23 @@ func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o *Options
 	if err != nil {
 		return nil, err
 	}
+	for i := range o.QPs {
+		qp, err := d.dialOne(ctx, pd, o, logf)
+		if err != nil {
+			d.close()
+			if o.QPs > 1 {
+				err = fmt.Errorf("queue pair %d of %d: %w", i+1, o.QPs, err)
+			}
+			return nil, err
+		}
+		d.add(qp)
+	}
+	return d, nil
+}
+
+// dialOne connects one data queue pair, trying again as perftest does: the
+// server listens for it only after the first handshake.
+func (d *data) dialOne(ctx context.Context, pd *gowarp.PD, o *Options, logf func(string, ...any)) (*gowarp.QP, error) {
 	co := dataConnect(o)
 	var last error
 	for try := range o.DataTries {
@@ -406,13 +443,18 @@ func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o *Options
 		err = qp.Connect(cctx, o.Addr, co)
 		cancel()
 		if err == nil {
-			d.qp = qp
 			logf("data connection up after %d tries", try+1)
-			return d, nil
+			return qp, nil
 		}
 		last = err
 	}
 	return nil, fmt.Errorf("%d tries: %w", o.DataTries, last)
+}
+
+// add adds a connected queue pair.
+func (d *data) add(qp *gowarp.QP) {
+	d.qps = append(d.qps, qp)
+	d.qp = d.qps[0]
 }
 
 func acceptData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, ln *gowarp.Listener, o *Options, cycle int) (*data, error) {
@@ -422,32 +464,48 @@ func acceptData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, ln *gowa
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := ln.Accept(actx)
-	if err != nil {
-		return nil, err
-	}
-	if d.qp, err = d.newQP(pd, o); err != nil {
-		req.Reject(nil)
-		return nil, err
-	}
 	co := dataConnect(o)
 	// perftest's write_lat server Writes first, without peer-to-peer
 	// mode: the four dests before the traffic make sure the client is
 	// ready.
 	co.SendFirst = o.Test == WriteLat
-	if err := req.Accept(actx, d.qp, co); err != nil {
-		d.qp.Close()
-		return nil, err
+	for i := range o.QPs {
+		if err := d.acceptOne(actx, ln, pd, o, co); err != nil {
+			d.close()
+			if o.QPs > 1 {
+				err = fmt.Errorf("queue pair %d of %d: %w", i+1, o.QPs, err)
+			}
+			return nil, err
+		}
 	}
 	return d, nil
 }
 
-// dest is this side's pingpong_dest: the buffer the peer Writes to or
-// Reads from, or for a send_bw client the word the server's credit
-// Writes land in.
-func (d *data) dest(o *Options, server bool) Dest {
-	ds := Dest{OutReads: 1, QPN: d.qpn, PSN: rand.Uint32() & 0xffffff,
-		RKey: uint32(d.buf.STag()), VAddr: d.buf.Addr()}
+// acceptOne accepts one data connection.
+func (d *data) acceptOne(ctx context.Context, ln *gowarp.Listener, pd *gowarp.PD, o *Options, co gowarp.ConnectOptions) error {
+	req, err := ln.Accept(ctx)
+	if err != nil {
+		return err
+	}
+	qp, err := d.newQP(pd, o)
+	if err != nil {
+		req.Reject(nil)
+		return err
+	}
+	if err := req.Accept(ctx, qp, co); err != nil {
+		qp.Close()
+		return err
+	}
+	d.add(qp)
+	return nil
+}
+
+// dest is this side's pingpong_dest for queue pair i: the buffer the peer
+// Writes to or Reads from, or for a send_bw client the word the server's
+// credit Writes land in.
+func (d *data) dest(o *Options, server bool, i int) Dest {
+	ds := Dest{OutReads: 1, QPN: d.qpn + uint32(i), PSN: rand.Uint32() & 0xffffff,
+		RKey: uint32(d.buf.STag()), VAddr: d.buf.Addr() + uint64(d.base(i))}
 	switch o.Test {
 	case ReadBW, ReadLat:
 		ds.OutReads = MaxOutReads
@@ -464,9 +522,15 @@ func (d *data) dest(o *Options, server bool) Dest {
 	return ds
 }
 
+// base is the offset of queue pair i's part of the buffer.
+func (d *data) base(i int) int { return 2 * d.half * i }
+
 func (d *data) close() {
-	if d != nil && d.qp != nil {
-		d.qp.Close()
+	if d == nil {
+		return
+	}
+	for _, qp := range d.qps {
+		qp.Close()
 	}
 }
 
@@ -517,8 +581,10 @@ func (d *data) pump(ctx context.Context, wait bool) (int, error) {
 	return n, d.recvBad
 }
 
-// run runs this side's part of the test.
-func (d *data) run(ctx context.Context, o *Options, server bool, peer *Dest, r *Result) error {
+// run runs this side's part of the test; peers are the peer's dests, one
+// for each queue pair.
+func (d *data) run(ctx context.Context, o *Options, server bool, peers []Dest, r *Result) error {
+	peer := &peers[0]
 	switch {
 	case o.Test == WriteBW || o.Test == ReadBW:
 		if server {
@@ -530,7 +596,7 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peer *Dest, r *
 				so := *o
 				so.Size = size
 				var rep Report
-				if err := d.traffic(ctx, &so, peer, &rep); err != nil {
+				if err := d.traffic(ctx, &so, peers, &rep); err != nil {
 					return fmt.Errorf("%d B: %w", size, err)
 				}
 				r.Sizes = append(r.Sizes, rep)
@@ -538,12 +604,12 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peer *Dest, r *
 			r.Local = r.Sizes[len(r.Sizes)-1]
 			return nil
 		}
-		return d.traffic(ctx, o, peer, &r.Local)
+		return d.traffic(ctx, o, peers, &r.Local)
 	case o.Test == SendBW:
 		if server {
 			return d.sendBWServer(ctx, o, peer, &r.Local)
 		}
-		return d.traffic(ctx, o, peer, &r.Local)
+		return d.traffic(ctx, o, peers, &r.Local)
 	case o.Test == ReadLat && server:
 		return nil
 	}
@@ -559,16 +625,28 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peer *Dest, r *
 	return nil
 }
 
-// mib is perftest's MB.
-const mib = 1 << 20
+// Bandwidth units: perftest's MB/sec is 2^20 bytes a second, its Gb/sec
+// (--report_gbits) 10^9 bits.
+const (
+	mib   = 1 << 20
+	gbits = 125e6
+)
+
+// unit is the number of bytes a second in o's unit of bandwidth.
+func (o *Options) unit() float64 {
+	if o.Gbits {
+		return gbits
+	}
+	return mib
+}
 
 // reportRecv is the send_bw server's report: bytes received over the time
 // from the first receive to the last, with no peak (as perftest's server).
-func reportRecv(size, n int, first, last time.Time) Report {
+func reportRecv(size, n int, first, last time.Time, unit float64) Report {
 	r := Report{Size: uint64(size), Iters: uint64(n)}
 	if dt := last.Sub(first).Seconds(); dt > 0 && n > 1 {
 		// The first receive starts the clock: n-1 messages arrive after it.
-		r.BWAvg = float64(size) * float64(n-1) / dt / mib
+		r.BWAvg = float64(size) * float64(n-1) / dt / unit
 		r.MsgRateMpps = float64(n-1) / dt / 1e6
 	}
 	return r

@@ -49,7 +49,7 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 	fmt.Fprintln(w, ResultLine)
 	fmt.Fprintf(w, "                    %s\n", r.Test.Title())
 	fmt.Fprintf(w, " Dual-port       : OFF\t\tDevice         : gowarp\n")
-	fmt.Fprintf(w, " Number of qps   : 1\t\tTransport type : IW\n")
+	fmt.Fprintf(w, " Number of qps   : %d\t\tTransport type : IW\n", max(o.QPs, 1))
 	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : OFF\n")
 	if !r.Server || r.Test.Latency() {
 		fmt.Fprintf(w, " TX depth        : %d\n", o.TxDepth)
@@ -72,8 +72,19 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 	fmt.Fprintf(w, " Peer            : perftest %s\n", r.PeerVersion)
 	fmt.Fprintln(w, ResultLine)
 	rdma := r.Test != SendBW && r.Test != SendLat
-	fmt.Fprint(w, addressLines("local", &r.LocalDest, rdma))
-	fmt.Fprint(w, addressLines("remote", &r.RemoteDest, rdma))
+	// perftest prints every queue pair's: this side's, then the peer's.
+	for _, side := range []struct {
+		name  string
+		one   Dest
+		dests []Dest
+	}{{"local", r.LocalDest, r.LocalDests}, {"remote", r.RemoteDest, r.RemoteDests}} {
+		if len(side.dests) == 0 {
+			side.dests = []Dest{side.one}
+		}
+		for i := range side.dests {
+			fmt.Fprint(w, addressLines(side.name, &side.dests[i], rdma))
+		}
+	}
 	fmt.Fprintln(w, ResultLine)
 	switch {
 	case r.Test == ReadLat && r.Server:
@@ -83,16 +94,16 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		fmt.Fprintln(w, r.Lat.Line())
 	case r.Server && r.Test != SendBW:
 		// perftest's write_bw and read_bw servers print the client's report.
-		fmt.Fprintln(w, ResultHeader)
-		fmt.Fprintln(w, r.Remote.Line())
+		fmt.Fprintln(w, resultHeader(o.Gbits))
+		fmt.Fprintln(w, r.Remote.Line(o.Gbits))
 	case len(r.Sizes) > 0:
-		fmt.Fprintln(w, ResultHeader)
+		fmt.Fprintln(w, resultHeader(o.Gbits))
 		for i := range r.Sizes {
-			fmt.Fprintln(w, r.Sizes[i].Line())
+			fmt.Fprintln(w, r.Sizes[i].Line(o.Gbits))
 		}
 	default:
-		fmt.Fprintln(w, ResultHeader)
-		fmt.Fprintln(w, r.Local.Line())
+		fmt.Fprintln(w, resultHeader(o.Gbits))
+		fmt.Fprintln(w, r.Local.Line(o.Gbits))
 	}
 	fmt.Fprintln(w, ResultLine)
 	switch {
@@ -102,7 +113,7 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		fmt.Fprintln(w, " (the send_bw server measured the receive side itself and printed its figures there)")
 	case !r.Server && (r.Test == WriteBW || r.Test == ReadBW) && r.Remote.Measured(o.Size):
 		fmt.Fprintln(w, " server's report:")
-		fmt.Fprintln(w, r.Remote.Line())
+		fmt.Fprintln(w, r.Remote.Line(o.Gbits))
 	}
 }
 
@@ -114,9 +125,16 @@ func (r *Result) JSON(o *Options) map[string]any {
 	}
 	out := map[string]any{"test": r.Test, "role": role, "peer_version": r.PeerVersion,
 		"crc_asked": o.Connect.CRC}
+	unit := "MBps"
+	if o.Gbits {
+		unit = "Gbps"
+	}
+	if o.QPs > 1 {
+		out["qps"] = o.QPs
+	}
 	bw := func(rep *Report) map[string]any {
 		return map[string]any{"size": rep.Size, "iters": rep.Iters,
-			"bw_peak_MBps": rep.BWPeak, "bw_avg_MBps": rep.BWAvg, "msg_rate_Mpps": rep.MsgRateMpps}
+			"bw_peak_" + unit: rep.BWPeak, "bw_avg_" + unit: rep.BWAvg, "msg_rate_Mpps": rep.MsgRateMpps}
 	}
 	switch {
 	case r.Test == ReadLat && r.Server:
