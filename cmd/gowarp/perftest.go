@@ -36,8 +36,8 @@ It speaks perftest's -R control exchange as perftest 4.5-0.17 ("6.06")
 does and prints perftest's table: the bandwidth tests' figures (the
 write_bw and read_bw servers print the client's, as perftest's do) or the
 latency tests' (one-way for write_lat and send_lat, the round trip for
-read_lat, which only its client measures). Give both sides the same -s
-and -n, as with perftest: a send_bw server posts receives for exactly -n
+read_lat, which only its client measures). Give both sides the same -s,
+-n and -q, as with perftest: a send_bw server posts receives for exactly -n
 messages, and iWARP has no receiver-not-ready retry.
 
 flags:
@@ -93,6 +93,10 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	o.Test = perftest.Test(*test)
 	if *secs < 0 {
 		fmt.Fprintf(stderr, "gowarp perftest: -D %d: a duration is positive\n", *secs)
+		return exitUsage
+	}
+	if o.QPs < 1 {
+		fmt.Fprintf(stderr, "gowarp perftest: -q %d: at least one queue pair\n", o.QPs)
 		return exitUsage
 	}
 	o.Duration = time.Duration(*secs) * time.Second

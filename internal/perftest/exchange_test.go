@@ -2,6 +2,8 @@ package perftest
 
 import (
 	"bytes"
+	"math"
+	"slices"
 	"testing"
 )
 
@@ -97,5 +99,52 @@ func TestCheckMessage(t *testing.T) {
 		if err := CheckMessage(c.st, c.msg); (err == nil) != c.ok {
 			t.Errorf("CheckMessage(%v, % x) = %v", c.st, c.msg, err)
 		}
+	}
+}
+
+// TestScriptQPs: with several queue pairs, each one's dest goes in turn
+// twice, then the first one's, as siw's ib_write_bw -q 2 sent them.
+func TestScriptQPs(t *testing.T) {
+	dests := 0
+	for _, st := range ScriptQPs(WriteBW, 3) {
+		if st == ActTraffic {
+			break
+		}
+		if st == StepDest {
+			dests++
+		}
+	}
+	if dests != 7 {
+		t.Errorf("%d dests before the traffic on 3 queue pairs, want 7", dests)
+	}
+	var got []int
+	for k := range 9 {
+		got = append(got, qpOfDest(k, 3))
+	}
+	if want := []int{0, 1, 2, 0, 1, 2, 0, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("queue pairs of the dests %v, want %v", got, want)
+	}
+	if !slices.Equal(ScriptQPs(SendLat, 1), Script(SendLat)) {
+		t.Error("one queue pair's script is not Script's")
+	}
+}
+
+// TestReportGbits: --report_gbits figures are perftest's Gb/sec, 10^9 bits
+// a second, and below 0.1 perftest prints them with six decimals (as siw's
+// ib_write_bw --report_gbits did under TCG).
+func TestReportGbits(t *testing.T) {
+	tp := []int64{0, 1e6}
+	tc := []int64{1e6, 2e6} // two messages of 1 MB in 2 ms
+	mb, gb := report(1e6, tp, tc, mib), report(1e6, tp, tc, gbits)
+	if math.Abs(gb.BWAvg-8) > 1e-9 || math.Abs(mb.BWAvg*mib/gbits-gb.BWAvg) > 1e-9 {
+		t.Errorf("1e6 B twice in 2 ms: %v Gb/s, %v MB/s; want 8 Gb/s", gb.BWAvg, mb.BWAvg)
+	}
+	r := Report{Size: 65536, Iters: 5000, BWPeak: 0.081253, BWAvg: 0.056513, MsgRateMpps: 0.000108}
+	if got, want := r.Line(true), " 65536      5000           0.081253            0.056513            0.000108"; got != want {
+		t.Errorf("Line(true) = %q\n           want %q", got, want)
+	}
+	r.BWAvg = 0.5
+	if got := r.Line(true); got != r.Line(false) {
+		t.Errorf("Line(true) of 0.5 Gb/s = %q, want perftest's usual %q", got, r.Line(false))
 	}
 }

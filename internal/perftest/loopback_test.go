@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -229,4 +231,112 @@ func TestControlReset(t *testing.T) {
 		}()
 		return front.Addr().String()
 	})
+}
+
+// TestLoopbackQPs: write_bw and read_bw on three queue pairs (perftest's
+// -q): each side's dests, one for each, reach the other; the client's
+// report counts every queue pair's messages; each queue pair has its own
+// part of each side's buffer.
+func TestLoopbackQPs(t *testing.T) {
+	for _, test := range []Test{WriteBW, ReadBW} {
+		t.Run(string(test), func(t *testing.T) {
+			o := Options{Test: test, Iters: 50, Size: 8192, QPs: 3, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			c, s := pair(t, o)
+			if len(c.LocalDests) != 3 || len(s.LocalDests) != 3 || !slices.Equal(c.RemoteDests, s.LocalDests) || !slices.Equal(s.RemoteDests, c.LocalDests) {
+				t.Fatalf("dests: client %+v and %+v, server %+v and %+v", c.LocalDests, c.RemoteDests, s.LocalDests, s.RemoteDests)
+			}
+			for i, d := range s.LocalDests {
+				if d.QPN != s.LocalDests[0].QPN+uint32(i) || i > 0 && d.VAddr <= s.LocalDests[i-1].VAddr {
+					t.Errorf("server's dest %d: %+v", i, d)
+				}
+			}
+			if c.Local.Iters != 150 || c.Local.BWAvg <= 0 || s.Remote != c.Local {
+				t.Errorf("client's report %+v, the server got %+v; want 150 messages", c.Local, s.Remote)
+			}
+			var b strings.Builder
+			oo := o
+			oo.defaults()
+			c.WriteTable(&b, &oo)
+			if out := b.String(); !strings.Contains(out, "Number of qps   : 3") || strings.Count(out, "local address") != 3 || strings.Count(out, "remote address") != 3 {
+				t.Errorf("table:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestLoopbackDuration: a write_bw client runs for a duration (perftest's
+// -D), not a count, on two queue pairs, and reports what completed, with
+// no peak; the server, given none, is content.
+func TestLoopbackDuration(t *testing.T) {
+	o := Options{Test: WriteBW, Size: 4096, QPs: 2, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ln, err := gowarp.Open().Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sc := make(chan error, 1)
+	go func() {
+		_, err := Serve(ctx, gowarp.Open(), ln, o)
+		sc <- err
+	}()
+	o.Addr, o.Duration = ln.Addr().String(), time.Second
+	t0 := time.Now()
+	c, err := Run(ctx, gowarp.Open(), o)
+	took := time.Since(t0)
+	if serr := <-sc; err != nil || serr != nil {
+		t.Fatalf("client: %v; server: %v", err, serr)
+	}
+	if took < time.Second || c.Local.Iters == 0 || c.Local.BWAvg <= 0 || c.Local.BWPeak != 0 {
+		t.Errorf("took %v; report %+v: want a second or more, messages, no peak", took, c.Local)
+	}
+	// Each message is 4096 bytes a second's worth (the margin of 1 s is 0).
+	if want := float64(c.Local.Iters) * 4096 / mib; math.Abs(c.Local.BWAvg-want) > want*0.01 {
+		t.Errorf("average %v MB/s for %d messages in 1 s, want %v", c.Local.BWAvg, c.Local.Iters, want)
+	}
+}
+
+// TestLoopbackGbits: --report_gbits makes the client's figures Gb/s, and
+// the tables and JSON say so (the server's prints the client's figures
+// under its own unit, as perftest's).
+func TestLoopbackGbits(t *testing.T) {
+	o := Options{Test: ReadBW, Iters: 100, Size: 65536, Gbits: true, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	c, s := pair(t, o)
+	oo := o
+	oo.defaults()
+	for _, r := range []*Result{c, s} {
+		var b strings.Builder
+		r.WriteTable(&b, &oo)
+		if out := b.String(); !strings.Contains(out, ResultHeaderG) || strings.Contains(out, "MB/sec") {
+			t.Errorf("table:\n%s", out)
+		}
+		j, _ := json.Marshal(r.JSON(&oo))
+		if !strings.Contains(string(j), `"bw_avg_Gbps"`) || strings.Contains(string(j), "MBps") {
+			t.Errorf("JSON %s", j)
+		}
+	}
+	if c.Local.BWAvg <= 0 || c.Local.BWPeak < c.Local.BWAvg {
+		t.Errorf("report %+v", c.Local)
+	}
+}
+
+// TestOptionsRefused: options perftest's tests do not take together get an
+// error before anything connects.
+func TestOptionsRefused(t *testing.T) {
+	for _, o := range []Options{
+		{Test: SendBW, QPs: 2},
+		{Test: WriteLat, QPs: 2},
+		{Test: WriteBW, QPs: -1},
+		{Test: WriteBW, QPs: MaxQPs + 1},
+		{Test: SendBW, Duration: time.Second},
+		{Test: ReadLat, Duration: time.Second},
+		{Test: WriteBW, Duration: 1500 * time.Millisecond},
+		{Test: WriteBW, Duration: -time.Second},
+		{Test: WriteBW, Duration: time.Second, All: true},
+	} {
+		if err := Fill(&o); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
 }
