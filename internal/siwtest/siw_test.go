@@ -163,6 +163,12 @@ func TestSIW(t *testing.T) {
 		t.Run("perftest-server/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, true) })
 	}
 
+	// perftest's -q, -D and --report_gbits, both ways.
+	for _, c := range flagCases {
+		t.Run("perftest/"+c.test+"/"+c.name, func(t *testing.T) { s.perftestFlags(t, c, false) })
+		t.Run("perftest-server/"+c.test+"/"+c.name, func(t *testing.T) { s.perftestFlags(t, c, true) })
+	}
+
 	// rdma-core's rdma_server and rdma_client, 20 sessions each way.
 	t.Run("rdma_server/gowarp-client", s.rdmaServerClient)
 	t.Run("rdma_client/gowarp-server", s.rdmaClientServer)

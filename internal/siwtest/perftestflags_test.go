@@ -1,0 +1,118 @@
+package siwtest
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// flagCase is a bandwidth run with perftest's -q, -D or --report_gbits:
+// server and client are the flags of each side, the same on either
+// program; qps is -q's (1 without), and a run with -D has no fixed count.
+type flagCase struct {
+	name           string
+	test           string
+	server, client []string
+	qps            int
+	duration       bool
+}
+
+// The runs: both ways, on several queue pairs, in Gb/s, for a duration.
+var flagCases = []flagCase{
+	{name: "q2", test: "write_bw", server: []string{"-q", "2", "-n", "100"}, client: []string{"-q", "2", "-n", "100"}, qps: 2},
+	{name: "q3_gbits", test: "read_bw", server: []string{"-q", "3", "-n", "50", "--report_gbits"}, client: []string{"-q", "3", "-n", "50", "--report_gbits"}, qps: 3},
+	{name: "D3", test: "write_bw", client: []string{"-D", "3"}, qps: 1, duration: true},
+}
+
+// perftestFlags runs c with gowarp perftest as the client of siw's
+// server (gowarpServes false) or as the server of siw's client. The
+// server prints the client's report, which says the whole run's count
+// (-n × -q) and is in the client's unit.
+func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
+	ctx := ctxFor(t, 4*time.Minute)
+	var detail string
+	defer func() { s.sum.add(t, t.Name(), detail) }()
+	var out, gout string
+	if gowarpServes {
+		args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve)}, c.server...)
+		h, err := startHost(ctx, s.bin, append(args, c.test)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !waitListen(ctx, s.v.serve, 30*time.Second) {
+			t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
+		}
+		rc, o, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F %s %s %s", c.test, guestServePort, strings.Join(c.client, " "), hostFromGuest, stderr), 3*time.Minute)
+		gout = o
+		if err != nil || rc != 0 {
+			t.Errorf("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
+		}
+		if out, err = h.wait(ctx); err != nil {
+			t.Errorf("gowarp perftest server: %v\n%s", err, tail([]byte(out), 3000))
+		}
+	} else {
+		job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F %s", c.test, guestPerftestPort, strings.Join(c.server, " ")), 3*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"perftest"}, c.client...)
+		h, err := startHost(ctx, s.bin, append(args, c.test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err = h.wait(ctx); err != nil {
+			t.Errorf("gowarp perftest: %v\n%s", err, tail([]byte(out), 3000))
+		}
+		rc, o, err := job.wait(ctx)
+		gout = o
+		if err != nil || rc != 0 {
+			t.Errorf("guest ib_%s server: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
+		}
+	}
+	client, server := gout, out
+	if !gowarpServes {
+		client, server = out, gout
+	}
+	mine, theirs := reportLine.FindStringSubmatch(client), reportLine.FindStringSubmatch(server)
+	if mine == nil || theirs == nil {
+		t.Fatalf("no result line:\nclient:\n%s\nserver:\n%s", client, server)
+	}
+	if !slices.Equal(mine[1:], theirs[1:]) {
+		t.Errorf("the server printed %v, the client %v", theirs[1:], mine[1:])
+	}
+	for who, o := range map[string]string{"client": client, "server": server} {
+		if want := fmt.Sprintf("Number of qps   : %d", c.qps); !strings.Contains(o, want) || strings.Count(o, "remote address") != c.qps {
+			t.Errorf("the %s's table lacks %q or has not %d remote addresses:\n%s", who, want, c.qps, o)
+		}
+	}
+	unit := "MB/sec"
+	for _, f := range c.client {
+		if f == "--report_gbits" {
+			unit = "Gb/sec"
+		}
+	}
+	if !strings.Contains(client, "BW average["+unit+"]") {
+		t.Errorf("the client's table is not in %s:\n%s", unit, client)
+	}
+	n, _ := strconv.Atoi(mine[2])
+	switch {
+	case c.duration:
+		if n <= 0 || mine[3] != "0.00" {
+			t.Errorf("a run of a duration reported %d messages, peak %s; want some and no peak", n, mine[3])
+		}
+	default:
+		var iters int
+		for i, f := range c.client {
+			if f == "-n" {
+				iters, _ = strconv.Atoi(c.client[i+1])
+			}
+		}
+		if n != iters*c.qps {
+			t.Errorf("the client reported %d messages, want %d on each of %d queue pairs", n, iters, c.qps)
+		}
+	}
+	detail = fmt.Sprintf("%s messages of %s B; the client measured %s %s avg", mine[2], mine[1], mine[4], unit)
+}
