@@ -55,7 +55,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	// that one pasted from a perftest run works.
 	fs.Bool("R", true, "accepted for perftest's command lines: gowarp always connects with rdma_cm (perftest's -R)")
 	fs.Bool("F", false, "accepted for perftest's command lines: gowarp reads no CPU frequency to warn about (perftest's -F)")
-	fs.BoolVar(&o.All, "all", false, "write_bw and read_bw: run every size from 2 B to 8 MiB, doubling (perftest's -a, --all; gowarp's -a is the address)")
+	fs.BoolVar(&o.All, "all", false, "all tests but send_bw: run every size from 2 B to 8 MiB, doubling (perftest's -a, --all; gowarp's -a is the address)")
 	fs.IntVar(&o.Iters, "n", 0, "`iterations` (0: perftest's, 5000 for write_bw, 1000 otherwise)")
 	fs.IntVar(&o.QPs, "q", 1, "write_bw and read_bw: `N` data connections, each with its own queue pair (perftest's -q; give both sides the same)")
 	secs := fs.Int("D", 0, "write_bw and read_bw clients: run for `seconds` instead of -n messages, measuring between margins of a quarter of it (perftest's -D; a server takes it and needs none)")

@@ -73,9 +73,10 @@ type Options struct {
 	Addr string // the server, host:port (client)
 	Size int    // message size (-s); 0 for perftest's default
 	// All runs every size from 2 bytes to MaxSize, doubling, on the one
-	// connection (perftest's -a, --all), write_bw and read_bw only: the
-	// client runs Iters messages of each and reports each; the server's
-	// buffer takes the largest. Size is then MaxSize.
+	// connection (perftest's -a, --all), for every test but send_bw: the
+	// client runs Iters messages of each (the latency tests' server too)
+	// and reports each; the buffers take the largest. Size is then
+	// MaxSize.
 	All   bool
 	Iters int // messages (-n); 0 for perftest's default. Servers of send_bw need the client's.
 	// TxDepth is how many work requests stay outstanding (-t, bandwidth
@@ -135,8 +136,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("perftest: unknown test %q (want one of %v)", o.Test, Tests)
 	}
 	if o.All {
-		if o.Test != WriteBW && o.Test != ReadBW {
-			return fmt.Errorf("perftest: all sizes (-a, --all) are supported for write_bw and read_bw, not %s", o.Test)
+		if o.Test == SendBW {
+			return fmt.Errorf("perftest: all sizes (-a, --all) are supported for write_bw, read_bw and the latency tests, not %s", o.Test)
 		}
 		if o.Size != 0 && o.Size != MaxSize {
 			return fmt.Errorf("perftest: all sizes (-a, --all) with a size (-s %d)", o.Size)
@@ -225,8 +226,10 @@ type Result struct {
 	// Sizes are a client's reports of every size, with Options.All;
 	// Local is the last.
 	Sizes []Report
-	// Lat is this side's latency report (read_lat: the client's only).
+	// Lat is this side's latency report (read_lat: the client's only);
+	// with Options.All, LatSizes has every size's and Lat is the last.
 	Lat         LatReport
+	LatSizes    []LatReport
 	PeerVersion string
 	// LocalDest and RemoteDest are the first data queue pair's dests;
 	// LocalDests and RemoteDests all of them (Options.QPs).

@@ -45,14 +45,16 @@ func (s Step) Message() bool { return s >= StepVersion && s <= StepReport }
 // ("6.06") runs it with -R. The bandwidth tests' exchange is the one of
 // the captures in wire/testdata/siw; the latency tests' likewise
 // (perftest-*_lat.pcap).
-func Script(t Test) []Step { return ScriptQPs(t, 1) }
+func Script(t Test) []Step { return ScriptFor(&Options{Test: t}) }
 
-// ScriptQPs is Script for a run on qps data queue pairs (write_bw and
-// read_bw): the data connection step connects them all, and perftest
-// exchanges each queue pair's dest in turn twice before the first queue
-// pair's "additional handshake" (siw's ib_write_bw -q 2 sent the dests of
-// its queue pairs 0, 1, 0, 1, then 0).
-func ScriptQPs(t Test, qps int) []Step {
+// ScriptFor is the exchange of a run with options o. On several data queue
+// pairs (write_bw and read_bw) the data connection step connects them all,
+// and perftest exchanges each queue pair's dest in turn twice before the
+// first queue pair's "additional handshake" (siw's ib_write_bw -q 2 sent
+// the dests of its queue pairs 0, 1, 0, 1, then 0). send_lat over all
+// sizes posts its receives and shakes hands before each size.
+func ScriptFor(o *Options) []Step {
+	t, qps := o.Test, max(o.QPs, 1)
 	s := []Step{StepVersion, StepCycle, StepCacheLine, StepMTU, StepZeroDest, ActData, StepZeroDest}
 	switch t {
 	case WriteBW, ReadBW:
@@ -74,9 +76,26 @@ func ScriptQPs(t Test, qps int) []Step {
 		return append(s, StepDest, StepDest, StepDest, StepDest, ActTraffic, StepDest)
 	case SendLat:
 		// Both sides post their receives before the fourth dest.
-		return append(s, StepDest, StepDest, StepDest, ActRecvs, StepDest, ActTraffic, StepDest)
+		s = append(s, StepDest, StepDest, StepDest)
+		for range len(sizesOf(o)) {
+			s = append(s, ActRecvs, StepDest, ActTraffic)
+		}
+		return append(s, StepDest)
 	}
 	return nil
+}
+
+// sizesOf returns the message sizes of a run: perftest's -a runs every
+// size from 2 bytes to MaxSize, doubling.
+func sizesOf(o *Options) []int {
+	if !o.All {
+		return []int{o.Size}
+	}
+	var sizes []int
+	for size := 2; size <= MaxSize; size *= 2 {
+		sizes = append(sizes, size)
+	}
+	return sizes
 }
 
 // reportFields is the number of report messages (size, iterations, peak,

@@ -106,7 +106,7 @@ func TestCheckMessage(t *testing.T) {
 // twice, then the first one's, as siw's ib_write_bw -q 2 sent them.
 func TestScriptQPs(t *testing.T) {
 	dests := 0
-	for _, st := range ScriptQPs(WriteBW, 3) {
+	for _, st := range ScriptFor(&Options{Test: WriteBW, QPs: 3}) {
 		if st == ActTraffic {
 			break
 		}
@@ -124,7 +124,7 @@ func TestScriptQPs(t *testing.T) {
 	if want := []int{0, 1, 2, 0, 1, 2, 0, 0, 0}; !slices.Equal(got, want) {
 		t.Errorf("queue pairs of the dests %v, want %v", got, want)
 	}
-	if !slices.Equal(ScriptQPs(SendLat, 1), Script(SendLat)) {
+	if !slices.Equal(ScriptFor(&Options{Test: SendLat, QPs: 1}), Script(SendLat)) {
 		t.Error("one queue pair's script is not Script's")
 	}
 }

@@ -123,10 +123,50 @@ func TestLoopbackAll(t *testing.T) {
 			}
 		})
 	}
-	for _, o := range []Options{{Test: SendBW, All: true}, {Test: WriteLat, All: true}, {Test: WriteBW, All: true, Size: 100}} {
+	for _, o := range []Options{{Test: SendBW, All: true}, {Test: WriteBW, All: true, Size: 100}, {Test: SendLat, All: true, Size: 2}} {
 		if err := Fill(&o); err == nil {
 			t.Errorf("%s with All and size %d: no error", o.Test, o.Size)
 		}
+	}
+}
+
+// TestLoopbackAllLatency: the latency tests over every size, 2 B to
+// 8 MiB, doubling (perftest's -a): both sides of write_lat and send_lat
+// and read_lat's client report each, and send_lat's receives are posted
+// and its hands shaken before each size.
+func TestLoopbackAllLatency(t *testing.T) {
+	for _, test := range []Test{WriteLat, ReadLat, SendLat} {
+		t.Run(string(test), func(t *testing.T) {
+			o := Options{Test: test, Iters: 5, All: true, RxDepth: 2, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			c, s := pair(t, o)
+			sides := map[string]*Result{"client": c, "server": s}
+			if test == ReadLat {
+				delete(sides, "server")
+			}
+			for who, r := range sides {
+				if len(r.LatSizes) != 23 {
+					t.Fatalf("the %s reported %d sizes, want 23 (2 B to 8 MiB)", who, len(r.LatSizes))
+				}
+				for i, l := range r.LatSizes {
+					if l.Size != 2<<i || l.Iters != 5 || l.Min <= 0 || l.Typical < l.Min {
+						t.Errorf("the %s's size %d: report %+v", who, 2<<i, l)
+					}
+				}
+				var b strings.Builder
+				oo := o
+				oo.defaults()
+				r.WriteTable(&b, &oo)
+				if !strings.Contains(b.String(), "\n 8388608 5 ") || !strings.Contains(b.String(), "\n 2       5 ") {
+					t.Errorf("the %s's table lacks a size's line:\n%s", who, b.String())
+				}
+			}
+			if test == SendLat {
+				// 3 dests, a dest before each size's traffic, a closing one.
+				if n := len(c.Transcript); n != 2*(4+2+3+23+1) {
+					t.Errorf("send_lat over all sizes exchanged %d control messages, want %d", n, 2*(4+2+3+23+1))
+				}
+			}
+		})
 	}
 }
 

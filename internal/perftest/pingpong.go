@@ -52,7 +52,10 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 	tposted := make([]int64, n)
 	t0 := time.Now()
 	// Only the peer places bytes in this region, and its first Write may
-	// land before this side is here: count from zero.
+	// land before this side is here: count from what its Writes of the
+	// sizes before (perftest's -a) placed.
+	placed0 := d.placed
+	d.placed += uint64(n) * uint64(size)
 	recvs0 := d.recvs
 	scnt, rcnt, want := 0, 0, 0
 	// Each round takes the next message, if one is to come, then posts
@@ -91,7 +94,7 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 				switch o.Test {
 				case WriteLat:
 					// The placed count says the whole message is there.
-					if d.buf.Placed() < uint64(rcnt)*uint64(size) {
+					if d.buf.Placed() < placed0+uint64(rcnt)*uint64(size) {
 						return true
 					}
 					if got := in[size-1]; got != byte(rcnt) {

@@ -23,6 +23,7 @@ type session struct {
 	d      *data
 	r      *Result
 	cycle  int // the peer's cycle buffer (its page size), at most maxCycle
+	rounds int // send_lat: sizes whose receives were posted (ScriptFor)
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -67,7 +68,7 @@ func qpOfDest(k, qps int) int {
 func (s *session) run(ctx context.Context) error {
 	var reports [reportFields][]byte
 	nreport, ndest := 0, 0
-	for _, st := range ScriptQPs(s.o.Test, s.o.QPs) {
+	for _, st := range ScriptFor(s.o) {
 		if !st.Message() {
 			if err := s.act(ctx, st); err != nil {
 				return err
@@ -152,11 +153,29 @@ func (s *session) act(ctx context.Context, st Step) error {
 		s.r.LocalDest = s.r.LocalDests[0]
 		return nil
 	case ActRecvs:
+		if s.o.Test == SendLat {
+			// The next size's receives (ScriptFor).
+			sizes := sizesOf(s.o)
+			s.d.size = sizes[min(s.rounds, len(sizes)-1)]
+			s.rounds++
+		}
 		if s.server || s.o.Test == SendLat {
 			return s.d.postRecvs(s.o)
 		}
 		return nil
 	case ActTraffic:
+		o := s.o
+		if o.Test == SendLat && o.All {
+			// One size a round: the one its receives were posted for.
+			so := *o
+			so.Size, so.All = s.d.size, false
+			o = &so
+			if err := s.d.run(ctx, o, s.server, s.r.RemoteDests, s.r); err != nil {
+				return fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, o.Size, err)
+			}
+			s.r.LatSizes = append(s.r.LatSizes, s.r.Lat)
+			return nil
+		}
 		switch {
 		case s.o.Duration != 0 && !s.server:
 			s.logf("running %v: %d B for %v on %d queue pairs", s.o.Test, s.o.Size, s.o.Duration, s.o.QPs)
@@ -352,6 +371,9 @@ type data struct {
 	wc     [64]gowarp.Completion
 	// Counts of completions seen by pump.
 	sends, recvs int
+	// placed is what the peer's Writes of the sizes run so far placed
+	// (write_lat).
+	placed uint64
 	recvBad      error // a receive of the wrong size
 }
 
@@ -592,7 +614,7 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peers []Dest, r
 		}
 		if o.All {
 			// As perftest's -a: each size in turn, 2 B to MaxSize.
-			for size := 2; size <= MaxSize; size *= 2 {
+			for _, size := range sizesOf(o) {
 				so := *o
 				so.Size = size
 				var rep Report
@@ -613,15 +635,27 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peers []Dest, r
 	case o.Test == ReadLat && server:
 		return nil
 	}
-	tposted, err := d.pingPong(ctx, o, server, peer)
-	if err != nil {
-		return err
-	}
 	rtt := 2.0
 	if o.Test == ReadLat {
 		rtt = 1
 	}
-	r.Lat = latReport(o.Size, tposted, rtt)
+	// send_lat runs one size a call (session.act); the others every size
+	// in turn with -a, with no handshake between, as perftest's.
+	for _, size := range sizesOf(o) {
+		so := *o
+		so.Size = size
+		tposted, err := d.pingPong(ctx, &so, server, peer)
+		if err != nil {
+			if o.All {
+				return fmt.Errorf("%d B: %w", size, err)
+			}
+			return err
+		}
+		r.Lat = latReport(size, tposted, rtt)
+		if o.All {
+			r.LatSizes = append(r.LatSizes, r.Lat)
+		}
+	}
 	return nil
 }
 

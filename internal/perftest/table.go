@@ -91,7 +91,12 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		fmt.Fprintln(w, " the read_lat client measures; this server answered its Reads")
 	case r.Test.Latency():
 		fmt.Fprintln(w, LatResultHeader)
-		fmt.Fprintln(w, r.Lat.Line())
+		if len(r.LatSizes) == 0 {
+			fmt.Fprintln(w, r.Lat.Line())
+		}
+		for i := range r.LatSizes {
+			fmt.Fprintln(w, r.LatSizes[i].Line())
+		}
 	case r.Server && r.Test != SendBW:
 		// perftest's write_bw and read_bw servers print the client's report.
 		fmt.Fprintln(w, resultHeader(o.Gbits))
@@ -140,10 +145,20 @@ func (r *Result) JSON(o *Options) map[string]any {
 	case r.Test == ReadLat && r.Server:
 		out["size"], out["iters"] = o.Size, o.Iters
 	case r.Test.Latency():
-		l := r.Lat
-		out["size"], out["iters"] = l.Size, l.Iters
-		out["latency_usec"] = map[string]any{"min": l.Min, "max": l.Max, "typical": l.Typical,
-			"avg": l.Avg, "stdev": l.Stdev, "p99": l.P99, "p99_9": l.P999}
+		lat := func(l *LatReport) map[string]any {
+			return map[string]any{"min": l.Min, "max": l.Max, "typical": l.Typical,
+				"avg": l.Avg, "stdev": l.Stdev, "p99": l.P99, "p99_9": l.P999}
+		}
+		out["size"], out["iters"] = r.Lat.Size, r.Lat.Iters
+		out["latency_usec"] = lat(&r.Lat)
+		if len(r.LatSizes) > 0 {
+			sizes := make([]map[string]any, len(r.LatSizes))
+			for i := range r.LatSizes {
+				l := &r.LatSizes[i]
+				sizes[i] = map[string]any{"size": l.Size, "iters": l.Iters, "latency_usec": lat(l)}
+			}
+			out["sizes"] = sizes
+		}
 	case r.Server && r.Test != SendBW:
 		out["size"], out["iters"] = r.Remote.Size, r.Remote.Iters
 		out["client_report"] = bw(&r.Remote)

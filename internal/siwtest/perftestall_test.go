@@ -3,6 +3,7 @@ package siwtest
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -11,7 +12,8 @@ import (
 // 2 B to 8 MiB doubling with n messages each, on one connection: gowarp's
 // client against siw's server, or siw's client against gowarp's server.
 // Each side's table has a line for every size; perftest's write_bw and
-// read_bw servers print the client's last, as gowarp's do.
+// read_bw servers print the client's last, as gowarp's do, and the
+// latency tests' both sides (but read_lat's server) measure every size.
 func (s *suite) perftestAll(t *testing.T, test string, gowarpServes bool) {
 	ctx := ctxFor(t, 4*time.Minute)
 	const n = 5
@@ -55,6 +57,28 @@ func (s *suite) perftestAll(t *testing.T, test string, gowarpServes bool) {
 	client, server := gout, out
 	if !gowarpServes {
 		client, server = out, gout
+	}
+	if strings.HasSuffix(test, "_lat") {
+		// Both sides of write_lat and send_lat measure every size; the
+		// read_lat server nothing.
+		sides := map[string]string{"client": client, "server": server}
+		if test == "read_lat" {
+			delete(sides, "server")
+		}
+		for who, o := range sides {
+			lines := latLine.FindAllStringSubmatch(o, -1)
+			if len(lines) != 23 {
+				t.Fatalf("the %s printed %d result lines, want 23 (2 B to 8 MiB):\n%s", who, len(lines), o)
+			}
+			for i, l := range lines {
+				if l[1] != strconv.Itoa(2<<i) || l[2] != strconv.Itoa(n) {
+					t.Errorf("the %s's result line %d is for %s × %s, want %d × %d", who, i, l[1], l[2], 2<<i, n)
+				}
+			}
+		}
+		lines := latLine.FindAllStringSubmatch(client, -1)
+		detail = fmt.Sprintf("23 sizes × %d; the client measured %s µs typical at 2 B, %s at 8 MiB", n, lines[0][5], lines[22][5])
+		return
 	}
 	lines := reportLine.FindAllStringSubmatch(client, -1)
 	if len(lines) != 23 {
