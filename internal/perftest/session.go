@@ -373,8 +373,8 @@ type data struct {
 	sends, recvs int
 	// placed is what the peer's Writes of the sizes run so far placed
 	// (write_lat).
-	placed uint64
-	recvBad      error // a receive of the wrong size
+	placed  uint64
+	recvBad error // a receive of the wrong size
 }
 
 // maxCycle bounds the cycle buffer a peer can make this side allocate.
