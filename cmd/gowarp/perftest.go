@@ -55,6 +55,10 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	// that one pasted from a perftest run works.
 	fs.Bool("R", true, "accepted for perftest's command lines: gowarp always connects with rdma_cm (perftest's -R)")
 	fs.Bool("F", false, "accepted for perftest's command lines: gowarp reads no CPU frequency to warn about (perftest's -F)")
+	fs.String("d", "", "accepted for perftest's command lines: the RDMA `device` (perftest's -d, --ib-dev); gowarp runs over the host's TCP")
+	fs.Int("i", 1, "accepted for perftest's command lines: the device's `port` (perftest's -i)")
+	fs.Int("x", 0, "accepted for perftest's command lines: the GID `index` (perftest's -x); gowarp uses the address given")
+	conn := fs.String("c", "RC", "connection `type` (perftest's -c): RC, the only one iWARP has")
 	fs.BoolVar(&o.All, "all", false, "all tests but send_bw: run every size from 2 B to 8 MiB, doubling (perftest's -a, --all; gowarp's -a is the address)")
 	fs.IntVar(&o.Iters, "n", 0, "`iterations` (0: perftest's, 5000 for write_bw, 1000 otherwise)")
 	fs.IntVar(&o.QPs, "q", 1, "write_bw and read_bw: `N` data connections, each with its own queue pair (perftest's -q; give both sides the same)")
@@ -68,7 +72,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	p2p := fs.Bool("p2p", false, "client: offer MPA peer-to-peer mode (perftest on siw does not)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of the table")
 	verbose := fs.Bool("v", false, "log each protocol step to stderr")
-	debug := fs.Bool("d", false, "log gowarp's connection events and protocol errors to stderr")
+	debug := fs.Bool("debug", false, "log gowarp's connection events and protocol errors to stderr (-d is perftest's device)")
 	// perftest puts the test first and the host last; flags may sit
 	// between.
 	pos, err := parseInterleaved(fs, args)
@@ -93,6 +97,10 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	o.Test = perftest.Test(*test)
 	if *secs < 0 {
 		fmt.Fprintf(stderr, "gowarp perftest: -D %d: a duration is positive\n", *secs)
+		return exitUsage
+	}
+	if *conn != "RC" {
+		fmt.Fprintf(stderr, "gowarp perftest: -c %s: iWARP has reliable connections (RC) only\n", *conn)
 		return exitUsage
 	}
 	if o.QPs < 1 {

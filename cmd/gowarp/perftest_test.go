@@ -106,13 +106,15 @@ func TestPerftestRefused(t *testing.T) {
 }
 
 // TestPerftestQPsDuration: a command line with perftest's -q, -D and
-// --report_gbits: both sides on two queue pairs, the client for a second,
-// in Gb/s; -D and a bad -q are refused where perftest's tests do not take
-// them.
+// --report_gbits, and its device flags (-d DEV, -i, -x, -c RC, which mean
+// nothing here; gowarp's -d had been its debug switch, so "-d siw0" made
+// siw0 the server's address): both sides on two queue pairs, the client
+// for a second, in Gb/s. -D, a bad -q and -c UD are refused where
+// perftest's tests do not take them.
 func TestPerftestQPsDuration(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
-	sout, cout := perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "-q", "2", "-D", "1", "--report_gbits", "write_bw"},
-		[]string{"-R", "-F", "-q", "2", "-D", "1", "--report_gbits", "write_bw", "127.0.0.1:" + port})
+	sout, cout := perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "-d", "siw0", "-q", "2", "-D", "1", "--report_gbits", "write_bw"},
+		[]string{"-R", "-d", "siw0", "-i", "1", "-x", "3", "-c", "RC", "-F", "-q", "2", "-D", "1", "--report_gbits", "write_bw", "127.0.0.1:" + port})
 	line := regexp.MustCompile(`(?m)^ 65536\s+\d+\s+0\.0+\s+[0-9.]+\s+[0-9.]+$`)
 	for who, out := range map[string]string{"client": cout, "server": sout} {
 		if !strings.Contains(out, "Number of qps   : 2") || !strings.Contains(out, "BW average[Gb/sec]") || !line.MatchString(out) ||
@@ -120,7 +122,7 @@ func TestPerftestQPsDuration(t *testing.T) {
 			t.Errorf("%s's table:\n%s", who, out)
 		}
 	}
-	for _, args := range [][]string{{"-D", "1", "send_bw"}, {"-q", "2", "write_lat"}, {"-q", "0", "write_bw"}, {"-D", "-1", "write_bw"}} {
+	for _, args := range [][]string{{"-D", "1", "send_bw"}, {"-q", "2", "write_lat"}, {"-q", "0", "write_bw"}, {"-D", "-1", "write_bw"}, {"-c", "UD", "write_bw"}} {
 		var out, errb lockedBuf
 		// A server that took them would wait for a client: not for long.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
