@@ -122,7 +122,7 @@ func TestPerftestQPsDuration(t *testing.T) {
 			t.Errorf("%s's table:\n%s", who, out)
 		}
 	}
-	for _, args := range [][]string{{"-D", "1", "send_bw"}, {"-q", "2", "write_lat"}, {"-q", "0", "write_bw"}, {"-D", "-1", "write_bw"}, {"-c", "UD", "write_bw"}} {
+	for _, args := range [][]string{{"-D", "1", "send_bw"}, {"-q", "2", "write_lat"}, {"-q", "0", "write_bw"}, {"-D", "-1", "write_bw"}, {"-c", "UD", "write_bw"}, {"-b", "send_lat"}} {
 		var out, errb lockedBuf
 		// A server that took them would wait for a client: not for long.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -113,6 +113,11 @@ type Options struct {
 	// margin before the end, and reports no peak. A server needs none
 	// (perftest's write_bw and read_bw servers do nothing in the run).
 	Duration time.Duration
+	// Duplex runs the test both ways at once (perftest's -b), write_bw
+	// and read_bw: the server Writes to or Reads from the client as the
+	// client does to it, and each side prints the sum of both reports.
+	// Both sides must be given it.
+	Duplex bool
 	// Gbits reports bandwidth in Gb/s of 10^9 bits (perftest's
 	// --report_gbits), not MB/s of 2^20 bytes. A server prints the
 	// client's report in its own unit, as perftest's does: give both
@@ -152,6 +157,14 @@ func (o *Options) defaults() error {
 	}
 	if o.QPs > 1 && o.Test != WriteBW && o.Test != ReadBW {
 		return fmt.Errorf("perftest: several queue pairs (-q %d) are supported for write_bw and read_bw, not %s", o.QPs, o.Test)
+	}
+	if o.Duplex {
+		if o.Test != WriteBW && o.Test != ReadBW {
+			return fmt.Errorf("perftest: bidirectional runs (-b) are supported for write_bw and read_bw, not %s", o.Test)
+		}
+		if o.All || o.Duration != 0 {
+			return errors.New("perftest: a bidirectional run (-b) with all sizes (-a, --all) or a duration (-D)")
+		}
 	}
 	if o.Duration != 0 {
 		if o.Test != WriteBW && o.Test != ReadBW {
@@ -361,13 +374,20 @@ func (d *data) traffic(ctx context.Context, o *Options, peers []Dest, rep *Repor
 		wr                gowarp.SendWR
 		sge               []gowarp.SGE
 		peer              *Dest
+		base              int // of the local buffer
 		posted, completed int
 	}
 	lanes := make([]lane, len(d.qps))
 	for i := range lanes {
 		l := &lanes[i]
 		l.peer = &peers[i]
-		l.sge = []gowarp.SGE{{MR: d.buf, Offset: d.base(i), Length: o.Size}}
+		l.base = d.base(i)
+		if o.Duplex && o.Test == ReadBW {
+			// The peer Reads the first half meanwhile: the responses
+			// land in the second.
+			l.base += d.half
+		}
+		l.sge = []gowarp.SGE{{MR: d.buf, Offset: l.base, Length: o.Size}}
 		l.wr = gowarp.SendWR{ID: uint64(i), Flags: gowarp.Signaled, SGL: l.sge, RKey: gowarp.STag(l.peer.RKey)}
 		switch o.Test {
 		case WriteBW:
@@ -424,7 +444,7 @@ func (d *data) traffic(ctx context.Context, o *Options, peers []Dest, rep *Repor
 					}
 				}
 				off := l.posted % slots * inc
-				l.sge[0].Offset = d.base(i) + off
+				l.sge[0].Offset = l.base + off
 				if o.Test != SendBW {
 					l.wr.RemoteAddr = l.peer.VAddr + uint64(off)
 				}

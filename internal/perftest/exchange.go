@@ -61,7 +61,15 @@ func ScriptFor(o *Options) []Step {
 		for range 2 * (qps - 1) {
 			s = append(s, StepDest)
 		}
-		s = append(s, StepDest, StepDest, StepDest, ActTraffic, StepDest)
+		s = append(s, StepDest, StepDest, StepDest)
+		if o.Duplex {
+			// Both sides run the traffic: they meet before it, and
+			// exchange their reports straight after.
+			s = append(s, StepDest, ActTraffic)
+		} else {
+			// The server waits for the client in a handshake.
+			s = append(s, ActTraffic, StepDest)
+		}
 		for range reportFields {
 			s = append(s, StepReport)
 		}

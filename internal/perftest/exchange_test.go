@@ -124,6 +124,15 @@ func TestScriptQPs(t *testing.T) {
 	if want := []int{0, 1, 2, 0, 1, 2, 0, 0, 0}; !slices.Equal(got, want) {
 		t.Errorf("queue pairs of the dests %v, want %v", got, want)
 	}
+	// Both ways at once: the sides meet before the traffic, and the
+	// reports follow it at once (siw's ib_write_bw -b).
+	var b bytes.Buffer
+	for _, st := range ScriptFor(&Options{Test: WriteBW, Duplex: true})[7:] {
+		b.WriteString(st.String() + ",")
+	}
+	if want := "dest,dest,dest,dest,traffic,report field,report field,report field,report field,report field,dest,"; b.String() != want {
+		t.Errorf("bidirectional write_bw after the data connection:\n got %s\nwant %s", b.String(), want)
+	}
 	if !slices.Equal(ScriptFor(&Options{Test: SendLat, QPs: 1}), Script(SendLat)) {
 		t.Error("one queue pair's script is not Script's")
 	}

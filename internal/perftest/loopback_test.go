@@ -375,9 +375,41 @@ func TestOptionsRefused(t *testing.T) {
 		{Test: WriteBW, Duration: 1500 * time.Millisecond},
 		{Test: WriteBW, Duration: -time.Second},
 		{Test: WriteBW, Duration: time.Second, All: true},
+		{Test: SendBW, Duplex: true},
+		{Test: WriteLat, Duplex: true},
+		{Test: WriteBW, Duplex: true, All: true},
+		{Test: ReadBW, Duplex: true, Duration: time.Second},
 	} {
 		if err := Fill(&o); err == nil {
 			t.Errorf("%+v: no error", o)
 		}
+	}
+}
+
+// TestLoopbackDuplex: write_bw and read_bw both ways at once (perftest's
+// -b), on two queue pairs: each side measures its own traffic, receives
+// the other's report, and prints the two added, the same line on both.
+func TestLoopbackDuplex(t *testing.T) {
+	for _, test := range []Test{WriteBW, ReadBW} {
+		t.Run(string(test), func(t *testing.T) {
+			o := Options{Test: test, Iters: 100, Size: 16384, QPs: 2, Duplex: true, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			c, s := pair(t, o)
+			if c.Local.Iters != 200 || s.Local.Iters != 200 || c.Local.BWAvg <= 0 || s.Local.BWAvg <= 0 {
+				t.Fatalf("reports: client %+v, server %+v; want 200 messages measured on each side", c.Local, s.Local)
+			}
+			if c.Remote != s.Local || s.Remote != c.Local {
+				t.Errorf("the reports crossed wrong: client has %+v and %+v, server %+v and %+v", c.Local, c.Remote, s.Local, s.Remote)
+			}
+			oo := o
+			oo.defaults()
+			var cb, sb strings.Builder
+			c.WriteTable(&cb, &oo)
+			s.WriteTable(&sb, &oo)
+			sum := c.Duplex()
+			if sum.BWAvg != c.Local.BWAvg+s.Local.BWAvg || !strings.Contains(cb.String(), sum.Line(false)) || !strings.Contains(sb.String(), sum.Line(false)) ||
+				!strings.Contains(cb.String(), "Bidirectional BW Test") {
+				t.Errorf("sum %+v; tables:\n%s\n%s", sum, cb.String(), sb.String())
+			}
+		})
 	}
 }

@@ -534,6 +534,12 @@ func (d *data) dest(o *Options, server bool, i int) Dest {
 	case WriteLat:
 		// The peer's Writes land in the second half, as in perftest.
 		ds.VAddr += uint64(d.half)
+	case WriteBW:
+		if o.Duplex {
+			// This side Writes from the first half while the peer's
+			// Writes land: in the second.
+			ds.VAddr += uint64(d.half)
+		}
 	case SendBW:
 		if !server {
 			// The server's credit Writes land in the second word of the
@@ -609,7 +615,7 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peers []Dest, r
 	peer := &peers[0]
 	switch {
 	case o.Test == WriteBW || o.Test == ReadBW:
-		if server {
+		if server && !o.Duplex {
 			return nil // the client Writes or Reads; nothing to do here
 		}
 		if o.All {

@@ -47,7 +47,11 @@ func addressLines(side string, d *Dest, rdma bool) string {
 func (r *Result) WriteTable(w io.Writer, o *Options) {
 	onOff := map[bool]string{false: "OFF", true: "ON"}
 	fmt.Fprintln(w, ResultLine)
-	fmt.Fprintf(w, "                    %s\n", r.Test.Title())
+	title := r.Test.Title()
+	if o.Duplex {
+		title = strings.Replace(title, " BW ", " Bidirectional BW ", 1)
+	}
+	fmt.Fprintf(w, "                    %s\n", title)
 	fmt.Fprintf(w, " Dual-port       : OFF\t\tDevice         : gowarp\n")
 	fmt.Fprintf(w, " Number of qps   : %d\t\tTransport type : IW\n", max(o.QPs, 1))
 	fmt.Fprintf(w, " Connection type : RC\t\tUsing SRQ      : OFF\n")
@@ -97,6 +101,11 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		for i := range r.LatSizes {
 			fmt.Fprintln(w, r.LatSizes[i].Line())
 		}
+	case o.Duplex:
+		// Both sides print the sum of their reports.
+		fmt.Fprintln(w, resultHeader(o.Gbits))
+		sum := r.Duplex()
+		fmt.Fprintln(w, sum.Line(o.Gbits))
 	case r.Server && r.Test != SendBW:
 		// perftest's write_bw and read_bw servers print the client's report.
 		fmt.Fprintln(w, resultHeader(o.Gbits))
@@ -112,6 +121,8 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 	}
 	fmt.Fprintln(w, ResultLine)
 	switch {
+	case o.Duplex:
+		fmt.Fprintln(w, " (both ways together: this side's figures and the peer's, added, as perftest prints them)")
 	case r.Server && (r.Test == WriteBW || r.Test == ReadBW):
 		fmt.Fprintln(w, " (the client's figures, as perftest's server prints them; the server measures nothing)")
 	case !r.Server && r.Test == SendBW:
@@ -120,6 +131,17 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		fmt.Fprintln(w, " server's report:")
 		fmt.Fprintln(w, r.Remote.Line(o.Gbits))
 	}
+}
+
+// Duplex returns what a bidirectional run prints (perftest's
+// print_full_bw_report with both reports): this side's size and count,
+// and both sides' figures added.
+func (r *Result) Duplex() Report {
+	sum := r.Local
+	sum.BWPeak += r.Remote.BWPeak
+	sum.BWAvg += r.Remote.BWAvg
+	sum.MsgRateMpps += r.Remote.MsgRateMpps
+	return sum
 }
 
 // JSON returns the result as a flat object for -json.
@@ -159,6 +181,12 @@ func (r *Result) JSON(o *Options) map[string]any {
 			}
 			out["sizes"] = sizes
 		}
+	case o.Duplex:
+		sum := r.Duplex()
+		for k, v := range bw(&sum) {
+			out[k] = v
+		}
+		out["local_report"], out["peer_report"] = bw(&r.Local), bw(&r.Remote)
 	case r.Server && r.Test != SendBW:
 		out["size"], out["iters"] = r.Remote.Size, r.Remote.Iters
 		out["client_report"] = bw(&r.Remote)

@@ -25,12 +25,15 @@ var flagCases = []flagCase{
 	{name: "q2", test: "write_bw", server: []string{"-q", "2", "-n", "100"}, client: []string{"-q", "2", "-n", "100"}, qps: 2},
 	{name: "q3_gbits", test: "read_bw", server: []string{"-q", "3", "-n", "50", "--report_gbits"}, client: []string{"-q", "3", "-n", "50", "--report_gbits"}, qps: 3},
 	{name: "D3", test: "write_bw", client: []string{"-D", "3"}, qps: 1, duration: true},
+	{name: "b", test: "write_bw", server: []string{"-b", "-n", "100"}, client: []string{"-b", "-n", "100"}, qps: 1},
+	{name: "b_q2", test: "read_bw", server: []string{"-b", "-q", "2", "-n", "50"}, client: []string{"-b", "-q", "2", "-n", "50"}, qps: 2},
 }
 
 // perftestFlags runs c with gowarp perftest as the client of siw's
 // server (gowarpServes false) or as the server of siw's client. The
 // server prints the client's report, which says the whole run's count
-// (-n × -q) and is in the client's unit.
+// (-n × -q) and is in the client's unit; with -b both print the two
+// sides' reports added.
 func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
 	ctx := ctxFor(t, 4*time.Minute)
 	var detail string
@@ -96,6 +99,9 @@ func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
 	}
 	if !strings.Contains(client, "BW average["+unit+"]") {
 		t.Errorf("the client's table is not in %s:\n%s", unit, client)
+	}
+	if slices.Contains(c.client, "-b") && (!strings.Contains(client, "Bidirectional BW Test") || !strings.Contains(server, "Bidirectional BW Test")) {
+		t.Errorf("a bidirectional run's tables do not say so:\n%s\n%s", client, server)
 	}
 	n, _ := strconv.Atoi(mine[2])
 	switch {
