@@ -73,10 +73,9 @@ type Options struct {
 	Addr string // the server, host:port (client)
 	Size int    // message size (-s); 0 for perftest's default
 	// All runs every size from 2 bytes to MaxSize, doubling, on the one
-	// connection (perftest's -a, --all), for every test but send_bw: the
-	// client runs Iters messages of each (the latency tests' server too)
-	// and reports each; the buffers take the largest. Size is then
-	// MaxSize.
+	// connection (perftest's -a, --all): the client runs Iters messages
+	// of each (the latency tests' and send_bw's server too) and reports
+	// each; the buffers take the largest. Size is then MaxSize.
 	All   bool
 	Iters int // messages (-n); 0 for perftest's default. Servers of send_bw need the client's.
 	// TxDepth is how many work requests stay outstanding (-t, bandwidth
@@ -141,9 +140,6 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("perftest: unknown test %q (want one of %v)", o.Test, Tests)
 	}
 	if o.All {
-		if o.Test == SendBW {
-			return fmt.Errorf("perftest: all sizes (-a, --all) are supported for write_bw, read_bw and the latency tests, not %s", o.Test)
-		}
 		if o.Size != 0 && o.Size != MaxSize {
 			return fmt.Errorf("perftest: all sizes (-a, --all) with a size (-s %d)", o.Size)
 		}

@@ -52,7 +52,8 @@ func Script(t Test) []Step { return ScriptFor(&Options{Test: t}) }
 // and perftest exchanges each queue pair's dest in turn twice before the
 // first queue pair's "additional handshake" (siw's ib_write_bw -q 2 sent
 // the dests of its queue pairs 0, 1, 0, 1, then 0). send_lat over all
-// sizes posts its receives and shakes hands before each size.
+// sizes, and send_bw, post their receives and shake hands before each
+// size.
 func ScriptFor(o *Options) []Step {
 	t, qps := o.Test, max(o.QPs, 1)
 	s := []Step{StepVersion, StepCycle, StepCacheLine, StepMTU, StepZeroDest, ActData, StepZeroDest}
@@ -75,8 +76,17 @@ func ScriptFor(o *Options) []Step {
 		}
 		return append(s, StepDest)
 	case SendBW:
-		// The fourth dest tells the client the server's receives are posted.
-		return append(s, StepDest, StepDest, StepDest, ActRecvs, StepDest, ActTraffic, StepDest)
+		// The fourth dest tells the client the server's receives are
+		// posted; over all sizes each size's are, and a dest follows
+		// each size's traffic (send_bw.c's RUN_ALL loop).
+		s = append(s, StepDest, StepDest, StepDest)
+		for range len(sizesOf(o)) {
+			s = append(s, ActRecvs, StepDest, ActTraffic)
+			if o.All {
+				s = append(s, StepDest)
+			}
+		}
+		return append(s, StepDest)
 	case WriteLat:
 		// No closing handshake: each side ends with its last Write.
 		return append(s, StepDest, StepDest, StepDest, StepDest, ActTraffic)

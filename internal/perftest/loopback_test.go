@@ -97,13 +97,23 @@ func TestLoopbackSmall(t *testing.T) {
 	}
 }
 
-// TestLoopbackAll: write_bw and read_bw over every size, 2 B to 8 MiB,
-// doubling (perftest's -a): a report for each, the last exchanged.
+// TestLoopbackAll: the bandwidth tests over every size, 2 B to 8 MiB,
+// doubling (perftest's -a): a report for each, the last exchanged
+// (write_bw, read_bw), or each measured by the server too (send_bw, whose
+// client counts credits from zero at each size: a receive depth of 2
+// makes it wait for them).
 func TestLoopbackAll(t *testing.T) {
-	for _, test := range []Test{WriteBW, ReadBW} {
+	for _, test := range []Test{WriteBW, ReadBW, SendBW} {
 		t.Run(string(test), func(t *testing.T) {
-			o := Options{Test: test, Iters: 5, All: true, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			o := Options{Test: test, Iters: 5, All: true, RxDepth: 2, Connect: gowarp.ConnectOptions{NoP2P: true}}
 			c, s := pair(t, o)
+			if test == SendBW {
+				for i := range 23 {
+					if len(s.Sizes) != 23 || s.Sizes[i].Size != 2<<i || s.Sizes[i].Iters != 5 || s.Sizes[i].BWAvg <= 0 {
+						t.Fatalf("the server's reports %+v, want 23 sizes measured", s.Sizes)
+					}
+				}
+			}
 			if len(c.Sizes) != 23 {
 				t.Fatalf("%d sizes reported, want 23 (2 B to 8 MiB)", len(c.Sizes))
 			}
@@ -112,7 +122,7 @@ func TestLoopbackAll(t *testing.T) {
 					t.Errorf("size %d: report %+v", 2<<i, r)
 				}
 			}
-			if c.Local != c.Sizes[22] || s.Remote != c.Local {
+			if c.Local != c.Sizes[22] || test != SendBW && s.Remote != c.Local {
 				t.Errorf("the last report %+v: client's Local %+v, server received %+v", c.Sizes[22], c.Local, s.Remote)
 			}
 			var b strings.Builder
@@ -123,7 +133,7 @@ func TestLoopbackAll(t *testing.T) {
 			}
 		})
 	}
-	for _, o := range []Options{{Test: SendBW, All: true}, {Test: WriteBW, All: true, Size: 100}, {Test: SendLat, All: true, Size: 2}} {
+	for _, o := range []Options{{Test: WriteBW, All: true, Size: 100}, {Test: SendLat, All: true, Size: 2}} {
 		if err := Fill(&o); err == nil {
 			t.Errorf("%s with All and size %d: no error", o.Test, o.Size)
 		}

@@ -161,7 +161,7 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 // its Sends within RxDepth of its credit always finds a receive.
 func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *Report) error {
 	n := o.Iters
-	creditEvery := max(1, o.RxDepth/3)
+	creditEvery := creditEvery(o)
 	// One slot per credit Write in flight: a slot is not rewritten
 	// while the Write that carries it may still be read.
 	slots := make([]uint32, o.TxDepth)
@@ -211,4 +211,25 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 	}
 	*rep = reportRecv(o.Size, n, first, last, o.unit())
 	return nil
+}
+
+// creditEvery is how many receives a send_bw server takes between credit
+// Writes: a third of its receive depth, as perftest's credit_cnt.
+func creditEvery(o *Options) int { return max(1, o.RxDepth/3) }
+
+// creditsOver ends a send_bw client's size of a run over all sizes: the
+// server counts its receives from zero again for the next size, so the
+// client's credit word starts again at zero, as perftest's client sets it.
+// It is cleared once the last size's credit Writes have landed (the
+// region's placed count says so), so that none lands after: the server
+// Writes one every creditEvery receives. A server that Writes fewer (other
+// receive depths) is given a moment, and the word is cleared anyway.
+func (d *data) creditsOver(ctx context.Context, o *Options) {
+	d.credited += o.Iters / creditEvery(o)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for d.credit.Placed() < uint64(4*d.credited) && wctx.Err() == nil {
+		time.Sleep(100 * time.Microsecond)
+	}
+	d.words[1] = 0
 }

@@ -153,11 +153,14 @@ func (s *session) act(ctx context.Context, st Step) error {
 		s.r.LocalDest = s.r.LocalDests[0]
 		return nil
 	case ActRecvs:
-		if s.o.Test == SendLat {
+		if s.o.Test == SendLat || s.o.Test == SendBW {
 			// The next size's receives (ScriptFor).
 			sizes := sizesOf(s.o)
 			s.d.size = sizes[min(s.rounds, len(sizes)-1)]
 			s.rounds++
+			if s.o.Test == SendBW && !s.server && s.rounds > 1 {
+				s.d.creditsOver(ctx, s.o)
+			}
 		}
 		if s.server || s.o.Test == SendLat {
 			return s.d.postRecvs(s.o)
@@ -165,7 +168,7 @@ func (s *session) act(ctx context.Context, st Step) error {
 		return nil
 	case ActTraffic:
 		o := s.o
-		if o.Test == SendLat && o.All {
+		if (o.Test == SendLat || o.Test == SendBW) && o.All {
 			// One size a round: the one its receives were posted for.
 			so := *o
 			so.Size, so.All = s.d.size, false
@@ -173,7 +176,11 @@ func (s *session) act(ctx context.Context, st Step) error {
 			if err := s.d.run(ctx, o, s.server, s.r.RemoteDests, s.r); err != nil {
 				return fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, o.Size, err)
 			}
-			s.r.LatSizes = append(s.r.LatSizes, s.r.Lat)
+			if o.Test == SendLat {
+				s.r.LatSizes = append(s.r.LatSizes, s.r.Lat)
+			} else {
+				s.r.Sizes = append(s.r.Sizes, s.r.Local)
+			}
 			return nil
 		}
 		switch {
@@ -371,6 +378,9 @@ type data struct {
 	wc     [64]gowarp.Completion
 	// Counts of completions seen by pump.
 	sends, recvs int
+	// credited is the count of credit Writes a send_bw client has seen
+	// land, over the sizes before (creditsOver).
+	credited int
 	// placed is what the peer's Writes of the sizes run so far placed
 	// (write_lat).
 	placed  uint64

@@ -158,7 +158,7 @@ func TestSIW(t *testing.T) {
 	}
 
 	// perftest's all-sizes mode (-a), both ways.
-	for _, test := range []string{"write_bw", "read_bw", "write_lat", "read_lat", "send_lat"} {
+	for _, test := range []string{"write_bw", "read_bw", "send_bw", "write_lat", "read_lat", "send_lat"} {
 		t.Run("perftest/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, false) })
 		t.Run("perftest-server/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, true) })
 	}
