@@ -224,7 +224,9 @@ const NoReads = -1
 // and a ctx already done, fail before the dial and leave the queue pair
 // idle. Any later failure (a dial refused or unresolved, a rejection, a
 // ctx done meanwhile) leaves it in StateError, as a failed connection
-// leaves a verbs queue pair: to try again, make a new one.
+// leaves a verbs queue pair: to try again, make a new one, and Close this
+// one, which until then still counts among its completion queues' queue
+// pairs (a CQ.Wait receives inline only on a queue's single queue pair).
 func (qp *QP) Connect(ctx context.Context, addr string, o ConnectOptions) error {
 	// Options no peer could accept fail before the dial, and leave the
 	// queue pair idle for a Connect with others.

@@ -23,7 +23,7 @@ type session struct {
 	d      *data
 	r      *Result
 	cycle  int // the peer's cycle buffer (its page size), at most maxCycle
-	rounds int // send_lat: sizes whose receives were posted (ScriptFor)
+	rounds int // send_lat and send_bw: sizes whose receives were posted (ScriptFor)
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -56,7 +56,7 @@ func (s *session) myMessage(st Step, report, dest int) []byte {
 }
 
 // qpOfDest is the queue pair whose dest is the kth (from 0) of a run on
-// qps queue pairs: each in turn twice, then the first's (ScriptQPs).
+// qps queue pairs: each in turn twice, then the first's (ScriptFor).
 func qpOfDest(k, qps int) int {
 	if k < 2*qps {
 		return k % qps
@@ -478,6 +478,9 @@ func (d *data) dialOne(ctx context.Context, pd *gowarp.PD, o *Options, logf func
 			logf("data connection up after %d tries", try+1)
 			return qp, nil
 		}
+		// Closed, it leaves the CQ: the latency tests' waits receive
+		// inline only on a CQ's single queue pair.
+		qp.Close()
 		last = err
 	}
 	return nil, fmt.Errorf("%d tries: %w", o.DataTries, last)
