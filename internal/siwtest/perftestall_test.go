@@ -1,7 +1,9 @@
 package siwtest
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,45 +21,8 @@ func (s *suite) perftestAll(t *testing.T, test string, gowarpServes bool) {
 	const n = 5
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	var out, gout string
-	if gowarpServes {
-		h, err := startHost(ctx, s.bin, "perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "--all", "-n", strconv.Itoa(n), test)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !waitListen(ctx, s.v.serve, 30*time.Second) {
-			t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
-		}
-		rc, o, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -a -n %d %s %s", test, guestServePort, n, hostFromGuest, stderr), 3*time.Minute)
-		gout = o
-		if err != nil || rc != 0 {
-			t.Errorf("guest ib_%s -a: rc %d, %v\n%s", test, rc, err, tail([]byte(gout), 3000))
-		}
-		if out, err = h.wait(ctx); err != nil {
-			t.Errorf("gowarp perftest --all server: %v\n%s", err, tail([]byte(out), 3000))
-		}
-	} else {
-		job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -a -n %d", test, guestPerftestPort, n), 3*time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := startHost(ctx, s.bin, "perftest", "--all", "-n", strconv.Itoa(n), test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if out, err = h.wait(ctx); err != nil {
-			t.Errorf("gowarp perftest --all: %v\n%s", err, tail([]byte(out), 3000))
-		}
-		rc, o, err := job.wait(ctx)
-		gout = o
-		if err != nil || rc != 0 {
-			t.Errorf("guest ib_%s -a server: rc %d, %v\n%s", test, rc, err, tail([]byte(gout), 3000))
-		}
-	}
-	client, server := gout, out
-	if !gowarpServes {
-		client, server = out, gout
-	}
+	nf := strconv.Itoa(n)
+	client, server := s.perftestBoth(ctx, t, test, gowarpServes, []string{"--all", "-n", nf}, []string{"-a", "-n", nf})
 	if strings.HasSuffix(test, "_lat") {
 		// Both sides of write_lat and send_lat measure every size; the
 		// read_lat server nothing.
@@ -99,4 +64,53 @@ func (s *suite) perftestAll(t *testing.T, test string, gowarpServes bool) {
 		t.Errorf("the server's line %v, want the client's last, %v:\n%s", last, lines[22][1:], server)
 	}
 	detail = fmt.Sprintf("23 sizes × %d; at 8 MiB the client measured %s MB/s avg", n, lines[22][4])
+}
+
+// perftestBoth runs gowarp perftest on the host with gflags and ib_<test>
+// -R in the guest with pflags, one serving the other (gowarp when
+// gowarpServes), and returns what the client and the server printed; a
+// side that fails fails t, saying what it printed.
+func (s *suite) perftestBoth(ctx context.Context, t *testing.T, test string, gowarpServes bool, gflags, pflags []string) (client, server string) {
+	t.Helper()
+	perftest := func(args ...string) string {
+		return fmt.Sprintf("ib_%s -R -d siw0 -F %s", test, strings.Join(slices.Concat(pflags, args), " "))
+	}
+	var out, gout string
+	if gowarpServes {
+		args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve)}, gflags...)
+		h, err := startHost(ctx, s.bin, append(args, test)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !waitListen(ctx, s.v.serve, 30*time.Second) {
+			t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
+		}
+		rc, o, err := s.v.run(ctx, perftest("-p", strconv.Itoa(guestServePort), hostFromGuest, stderr), 3*time.Minute)
+		gout = o
+		if err != nil || rc != 0 {
+			t.Errorf("guest ib_%s %v: rc %d, %v\n%s", test, pflags, rc, err, tail([]byte(gout), 3000))
+		}
+		if out, err = h.wait(ctx); err != nil {
+			t.Errorf("gowarp perftest %v server: %v\n%s", gflags, err, tail([]byte(out), 3000))
+		}
+		return gout, out
+	}
+	job, err := s.v.server(ctx, guestPerftestPort, perftest("-p", strconv.Itoa(guestPerftestPort)), 3*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"perftest"}, gflags...)
+	h, err := startHost(ctx, s.bin, append(args, test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err = h.wait(ctx); err != nil {
+		t.Errorf("gowarp perftest %v: %v\n%s", gflags, err, tail([]byte(out), 3000))
+	}
+	rc, o, err := job.wait(ctx)
+	gout = o
+	if err != nil || rc != 0 {
+		t.Errorf("guest ib_%s %v server: rc %d, %v\n%s", test, pflags, rc, err, tail([]byte(gout), 3000))
+	}
+	return out, gout
 }

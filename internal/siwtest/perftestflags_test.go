@@ -38,47 +38,11 @@ func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
 	ctx := ctxFor(t, 4*time.Minute)
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	var out, gout string
+	gflags, pflags := c.client, c.server
 	if gowarpServes {
-		args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve)}, c.server...)
-		h, err := startHost(ctx, s.bin, append(args, c.test)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !waitListen(ctx, s.v.serve, 30*time.Second) {
-			t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
-		}
-		rc, o, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F %s %s %s", c.test, guestServePort, strings.Join(c.client, " "), hostFromGuest, stderr), 3*time.Minute)
-		gout = o
-		if err != nil || rc != 0 {
-			t.Errorf("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
-		}
-		if out, err = h.wait(ctx); err != nil {
-			t.Errorf("gowarp perftest server: %v\n%s", err, tail([]byte(out), 3000))
-		}
-	} else {
-		job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F %s", c.test, guestPerftestPort, strings.Join(c.server, " ")), 3*time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		args := append([]string{"perftest"}, c.client...)
-		h, err := startHost(ctx, s.bin, append(args, c.test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if out, err = h.wait(ctx); err != nil {
-			t.Errorf("gowarp perftest: %v\n%s", err, tail([]byte(out), 3000))
-		}
-		rc, o, err := job.wait(ctx)
-		gout = o
-		if err != nil || rc != 0 {
-			t.Errorf("guest ib_%s server: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
-		}
+		gflags, pflags = c.server, c.client
 	}
-	client, server := gout, out
-	if !gowarpServes {
-		client, server = out, gout
-	}
+	client, server := s.perftestBoth(ctx, t, c.test, gowarpServes, gflags, pflags)
 	mine, theirs := reportLine.FindStringSubmatch(client), reportLine.FindStringSubmatch(server)
 	if mine == nil || theirs == nil {
 		t.Fatalf("no result line:\nclient:\n%s\nserver:\n%s", client, server)
