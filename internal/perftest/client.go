@@ -105,12 +105,14 @@ type Options struct {
 	// and reports them together (Iters × QPs); both sides must be given
 	// it. 0 is 1.
 	QPs int
-	// Duration makes a write_bw or read_bw client run for this long
-	// instead of Iters messages (perftest's -D, whole seconds): it
-	// measures the messages that complete between a margin of a quarter
-	// of it (whole seconds, as perftest's) from the start and the same
-	// margin before the end, and reports no peak. A server needs none
-	// (perftest's write_bw and read_bw servers do nothing in the run).
+	// Duration makes a run last this long instead of Iters messages
+	// (perftest's -D, whole seconds), for every test but send_bw: it
+	// measures the messages between a margin of a quarter of it (whole
+	// seconds, as perftest's) from the start and the same margin before
+	// the end. Bandwidth reports have no peak, latency reports the average
+	// and transactions a second only. write_bw's and read_bw's server
+	// needs none (they do nothing in the run); the latency tests' sides
+	// both need it, each stopping at its own end.
 	Duration time.Duration
 	// Duplex runs the test both ways at once (perftest's -b), write_bw
 	// and read_bw: the server Writes to or Reads from the client as the
@@ -163,8 +165,8 @@ func (o *Options) defaults() error {
 		}
 	}
 	if o.Duration != 0 {
-		if o.Test != WriteBW && o.Test != ReadBW {
-			return fmt.Errorf("perftest: a duration (-D) is supported for write_bw and read_bw, not %s", o.Test)
+		if o.Test == SendBW {
+			return fmt.Errorf("perftest: a duration (-D) is supported for every test but %s", o.Test)
 		}
 		if o.Duration < time.Second || o.Duration%time.Second != 0 {
 			return fmt.Errorf("perftest: duration %v: perftest's -D is a whole number of seconds, at least 1", o.Duration)
@@ -404,8 +406,7 @@ func (d *data) traffic(ctx context.Context, o *Options, peers []Dest, rep *Repor
 	now := func() int64 { return int64(time.Since(t0)) }
 	// A run of a Duration measures between its margins (perftest's
 	// SAMPLE_STATE), and posts until its end.
-	margin := int64(o.Duration / 4 / time.Second * time.Second)
-	sampleFrom, sampleTo, end := margin, int64(o.Duration)-margin, int64(o.Duration)
+	sampleFrom, sampleTo, end := o.window()
 	sampled := 0
 	more := func(l *lane, t int64) bool {
 		if o.Duration != 0 {
@@ -501,6 +502,14 @@ func (d *data) traffic(ctx context.Context, o *Options, peers []Dest, rep *Repor
 	}
 	*rep = report(o.Size, tposted, tcompleted, o.unit())
 	return nil
+}
+
+// window returns when a run of o.Duration samples, from and to, and ends,
+// in nanoseconds from its start: perftest's margin is a quarter of the
+// duration in whole seconds.
+func (o *Options) window() (from, to, end int64) {
+	margin := int64(o.Duration / 4 / time.Second * time.Second)
+	return margin, int64(o.Duration) - margin, int64(o.Duration)
 }
 
 // waitCQ waits for a completion, in a run of a Duration no later than its

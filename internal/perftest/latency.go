@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 )
 
 // LatReport is what perftest's print_report_lat shows for a latency test,
@@ -11,10 +12,15 @@ import (
 // round trip), the round trip for read_lat.
 type LatReport struct {
 	Size, Iters uint64
-	Min, Max    float64
-	Typical     float64 // the median
-	Avg, Stdev  float64
-	P99, P999   float64
+	// Sampled marks a run of a duration (perftest's -D): Iters messages
+	// in the sampled time, whose average latency is Avg and rate TPS; the
+	// other figures are zero.
+	Sampled    bool
+	TPS        float64
+	Min, Max   float64
+	Typical    float64 // the median
+	Avg, Stdev float64
+	P99, P999  float64
 }
 
 // latTail is how many of the largest samples perftest leaves out of every
@@ -68,11 +74,30 @@ func latReport(size int, tposted []int64, rtt float64) LatReport {
 	return r
 }
 
-// LatResultHeader and Line print a latency report the way perftest does.
-const LatResultHeader = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+// latSampled is a run of a duration's report, as perftest's
+// print_report_lat_duration: n messages in the sampled time, each a round
+// trip (divided by rtt as latReport's samples).
+func latSampled(size, n int, sample time.Duration, rtt float64) LatReport {
+	r := LatReport{Size: uint64(size), Iters: uint64(n), Sampled: true}
+	if n > 0 {
+		r.Avg = float64(sample.Microseconds()) / rtt / float64(n)
+		r.TPS = float64(n) / sample.Seconds()
+	}
+	return r
+}
+
+// LatResultHeader, LatResultHeaderSampled (a run of a duration) and Line
+// print a latency report the way perftest does.
+const (
+	LatResultHeader        = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+	LatResultHeaderSampled = " #bytes        #iterations       t_avg[usec]    tps average"
+)
 
 // Line formats r as perftest's latency result line.
 func (r *LatReport) Line() string {
+	if r.Sampled {
+		return fmt.Sprintf(" %-7d       %d            %-7.2f        %-7.2f", r.Size, r.Iters, r.Avg, r.TPS)
+	}
 	return fmt.Sprintf(" %-7d %d          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f",
 		r.Size, r.Iters, r.Min, r.Max, r.Typical, r.Avg, r.Stdev, r.P99, r.P999)
 }

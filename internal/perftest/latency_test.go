@@ -115,3 +115,16 @@ func waitRecv(ctx context.Context, t *testing.T, cq *gowarp.CQ) {
 		}
 	}
 }
+
+// TestLatSampled: a run of a duration's figures and line are perftest's
+// (siw's ib_write_lat -D 3 printed this line for 8905 round trips in 3 s).
+func TestLatSampled(t *testing.T) {
+	r := latSampled(2, 8905, 3*time.Second, 2)
+	if math.Abs(r.Avg-168.44) > 0.01 || math.Abs(r.TPS-2968.33) > 0.01 {
+		t.Errorf("latSampled = %+v, want 168.44 µs and 2968.33 a second", r)
+	}
+	r.Avg, r.TPS = 168.74, 2963.20
+	if got, want := r.Line(), " 2             8905            168.74         2963.20"; got != want {
+		t.Errorf("Line() = %q\n          want %q", got, want)
+	}
+}

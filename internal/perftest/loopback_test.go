@@ -364,7 +364,6 @@ func TestOptionsRefused(t *testing.T) {
 		{Test: WriteBW, QPs: -1},
 		{Test: WriteBW, QPs: MaxQPs + 1},
 		{Test: SendBW, Duration: time.Second},
-		{Test: ReadLat, Duration: time.Second},
 		{Test: WriteBW, Duration: 1500 * time.Millisecond},
 		{Test: WriteBW, Duration: -time.Second},
 		{Test: WriteBW, Duration: time.Second, All: true},
@@ -402,6 +401,35 @@ func TestLoopbackDuplex(t *testing.T) {
 			if sum.BWAvg != c.Local.BWAvg+s.Local.BWAvg || !strings.Contains(cb.String(), sum.Line(false)) || !strings.Contains(sb.String(), sum.Line(false)) ||
 				!strings.Contains(cb.String(), "Bidirectional BW Test") {
 				t.Errorf("sum %+v; tables:\n%s\n%s", sum, cb.String(), sb.String())
+			}
+		})
+	}
+}
+
+// TestLoopbackDurationLatency: the latency tests for a duration (perftest's
+// -D, both sides): each side ping-pongs until its own end, then reports
+// its count in the sampled second, the average latency and the rate.
+func TestLoopbackDurationLatency(t *testing.T) {
+	for _, test := range []Test{WriteLat, ReadLat, SendLat} {
+		t.Run(string(test), func(t *testing.T) {
+			o := Options{Test: test, Size: 64, RxDepth: 4, Duration: time.Second, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			c, s := pair(t, o)
+			sides := map[string]*Result{"client": c, "server": s}
+			if test == ReadLat {
+				delete(sides, "server")
+			}
+			for who, r := range sides {
+				l := r.Lat
+				if !l.Sampled || l.Iters == 0 || l.Avg <= 0 || math.Abs(l.TPS-float64(l.Iters)) > 1e-6*l.TPS {
+					t.Errorf("the %s's report %+v: want a count, its average and its rate over 1 s", who, l)
+				}
+				var b strings.Builder
+				oo := o
+				oo.defaults()
+				r.WriteTable(&b, &oo)
+				if !strings.Contains(b.String(), LatResultHeaderSampled) || !strings.Contains(b.String(), l.Line()) {
+					t.Errorf("the %s's table:\n%s", who, b.String())
+				}
 			}
 		})
 	}

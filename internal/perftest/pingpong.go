@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
@@ -33,8 +34,18 @@ func (d *data) waitCounts(ctx context.Context, sends, recvs int) error {
 // message's number; the number is checked here too). Unlike perftest,
 // which busy-polls, the loop posts from QP.ProgressFunc: it answers where
 // the bytes are read and sleeps between messages without a wake-up.
-func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest) ([]int64, error) {
+//
+// A run of a Duration goes on until it ends, whatever the count, and
+// returns instead how many messages it posted in its sampled window; each
+// side stops at its own end, so a side left waiting for a message that
+// will not come stops there too.
+func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest) (tposted []int64, sampled int, err error) {
 	n, size := o.Iters, o.Size
+	timed := o.Duration > 0
+	from, to, end := o.window()
+	if timed {
+		n = math.MaxInt
+	}
 	out := d.buf.Bytes()[:size]
 	in := d.buf.Bytes()[d.half : d.half+size]
 	wr := gowarp.SendWR{Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: d.buf, Length: size}},
@@ -49,13 +60,17 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 	case ReadLat:
 		wr.Op = gowarp.OpRead
 	}
-	tposted := make([]int64, n)
+	if !timed {
+		tposted = make([]int64, n)
+	}
 	t0 := time.Now()
 	// Only the peer places bytes in this region, and its first Write may
 	// land before this side is here: count from what its Writes of the
 	// sizes before (perftest's -a) placed.
 	placed0 := d.placed
-	d.placed += uint64(n) * uint64(size)
+	if !timed {
+		d.placed += uint64(n) * uint64(size)
+	}
 	recvs0 := d.recvs
 	scnt, rcnt, want := 0, 0, 0
 	// Each round takes the next message, if one is to come, then posts
@@ -108,7 +123,7 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 					// RxDepth receives were posted first; one more for
 					// each taken while more Sends are to come than are
 					// posted.
-					if rcnt+o.RxDepth <= n {
+					if timed || rcnt+o.RxDepth <= n {
 						if ferr = d.qp.PostRecv(d.recvWR()); ferr != nil {
 							return false
 						}
@@ -117,9 +132,20 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 				phase = post
 			case post:
 				phase = begin
+				if timed {
+					t := int64(time.Since(t0))
+					if t >= end {
+						return false
+					}
+					if t >= from && t < to {
+						sampled++
+					}
+				}
 				if scnt < n {
 					out[size-1] = byte(scnt + 1)
-					tposted[scnt] = int64(time.Since(t0))
+					if !timed {
+						tposted[scnt] = int64(time.Since(t0))
+					}
 					scnt++
 					wr.ID = uint64(scnt)
 					want = d.sends + 1
@@ -137,20 +163,29 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 			}
 		}
 	}
-	err := d.qp.ProgressFunc(ctx, step)
+	pctx := ctx
+	if timed {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithDeadline(ctx, t0.Add(time.Duration(end)))
+		defer cancel()
+	}
+	err = d.qp.ProgressFunc(pctx, step)
 	if ferr != nil {
-		return nil, ferr
+		return nil, 0, ferr
+	}
+	if timed && err != nil && ctx.Err() == nil && pctx.Err() != nil {
+		err = nil // the end, met waiting
 	}
 	if err != nil {
 		switch phase {
 		case awaitRecv:
-			return nil, fmt.Errorf("waiting for message %d: %w", rcnt, err)
+			return nil, 0, fmt.Errorf("waiting for message %d: %w", rcnt, err)
 		case awaitSend:
-			return nil, fmt.Errorf("message %d: %w", scnt, err)
+			return nil, 0, fmt.Errorf("message %d: %w", scnt, err)
 		}
-		return nil, err
+		return nil, 0, err
 	}
-	return tposted, nil
+	return tposted, sampled, nil
 }
 
 // sendBWServer is the send_bw server's traffic: it takes Iters Sends,

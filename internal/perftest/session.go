@@ -663,12 +663,17 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peers []Dest, r
 	for _, size := range sizesOf(o) {
 		so := *o
 		so.Size = size
-		tposted, err := d.pingPong(ctx, &so, server, peer)
+		tposted, sampled, err := d.pingPong(ctx, &so, server, peer)
 		if err != nil {
 			if o.All {
 				return fmt.Errorf("%d B: %w", size, err)
 			}
 			return err
+		}
+		if o.Duration > 0 {
+			from, to, _ := o.window()
+			r.Lat = latSampled(size, sampled, time.Duration(to-from), rtt)
+			continue
 		}
 		r.Lat = latReport(size, tposted, rtt)
 		if o.All {

@@ -94,7 +94,11 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 	case r.Test == ReadLat && r.Server:
 		fmt.Fprintln(w, " the read_lat client measures; this server answered its Reads")
 	case r.Test.Latency():
-		fmt.Fprintln(w, LatResultHeader)
+		if r.Lat.Sampled {
+			fmt.Fprintln(w, LatResultHeaderSampled)
+		} else {
+			fmt.Fprintln(w, LatResultHeader)
+		}
 		if len(r.LatSizes) == 0 {
 			fmt.Fprintln(w, r.Lat.Line())
 		}
@@ -168,6 +172,9 @@ func (r *Result) JSON(o *Options) map[string]any {
 		out["size"], out["iters"] = o.Size, o.Iters
 	case r.Test.Latency():
 		lat := func(l *LatReport) map[string]any {
+			if l.Sampled {
+				return map[string]any{"avg": l.Avg, "tps": l.TPS}
+			}
 			return map[string]any{"min": l.Min, "max": l.Max, "typical": l.Typical,
 				"avg": l.Avg, "stdev": l.Stdev, "p99": l.P99, "p99_9": l.P999}
 		}

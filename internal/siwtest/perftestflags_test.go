@@ -2,6 +2,7 @@ package siwtest
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,7 +28,14 @@ var flagCases = []flagCase{
 	{name: "D3", test: "write_bw", client: []string{"-D", "3"}, qps: 1, duration: true},
 	{name: "b", test: "write_bw", server: []string{"-b", "-n", "100"}, client: []string{"-b", "-n", "100"}, qps: 1},
 	{name: "b_q2", test: "read_bw", server: []string{"-b", "-q", "2", "-n", "50"}, client: []string{"-b", "-q", "2", "-n", "50"}, qps: 2},
+	{name: "D3", test: "write_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
+	{name: "D3", test: "read_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
+	{name: "D3", test: "send_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
 }
+
+// latSampledLine is a latency test's result line for a run of a duration:
+// size, count, average latency, transactions a second.
+var latSampledLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s*$`)
 
 // perftestFlags runs c with gowarp perftest as the client of siw's
 // server (gowarpServes false) or as the server of siw's client. The
@@ -43,6 +51,10 @@ func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
 		gflags, pflags = c.server, c.client
 	}
 	client, server := s.perftestBoth(ctx, t, c.test, gowarpServes, gflags, pflags)
+	if strings.HasSuffix(c.test, "_lat") {
+		detail = latFlags(t, c, client, server)
+		return
+	}
 	mine, theirs := reportLine.FindStringSubmatch(client), reportLine.FindStringSubmatch(server)
 	if mine == nil || theirs == nil {
 		t.Fatalf("no result line:\nclient:\n%s\nserver:\n%s", client, server)
@@ -85,4 +97,32 @@ func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
 		}
 	}
 	detail = fmt.Sprintf("%s messages of %s B; the client measured %s %s avg", mine[2], mine[1], mine[4], unit)
+}
+
+// latFlags checks a latency test's run of a duration: each side that
+// measures (read_lat's client only) prints its count, average and rate,
+// and the two sides of write_lat and send_lat counted the same round
+// trips, give or take the one in flight at an end.
+func latFlags(t *testing.T, c flagCase, client, server string) (detail string) {
+	t.Helper()
+	mine := latSampledLine.FindStringSubmatch(client)
+	if mine == nil || !strings.Contains(client, "tps average") {
+		t.Fatalf("the client printed no result line of a duration:\n%s", client)
+	}
+	n, _ := strconv.Atoi(mine[2])
+	if n <= 0 {
+		t.Errorf("the client counted %d round trips", n)
+	}
+	detail = fmt.Sprintf("the client counted %d round trips, %s µs on average", n, mine[3])
+	if c.test == "read_lat" {
+		return detail
+	}
+	theirs := latSampledLine.FindStringSubmatch(server)
+	if theirs == nil {
+		t.Fatalf("the server printed no result line of a duration:\n%s", server)
+	}
+	if m, _ := strconv.Atoi(theirs[2]); m < n-1 || m > n+1 {
+		t.Errorf("the client counted %d round trips, the server %d", n, m)
+	}
+	return detail + fmt.Sprintf("; the server %s, %s µs", theirs[2], theirs[3])
 }
