@@ -37,7 +37,7 @@ does and prints perftest's table: the bandwidth tests' figures (the
 write_bw and read_bw servers print the client's, as perftest's do) or the
 latency tests' (one-way for write_lat and send_lat, the round trip for
 read_lat, which only its client measures). Give both sides the same -s,
--n and -q, as with perftest: a send_bw server posts receives for exactly -n
+-n, -q, -b and --all (and -D to the latency tests), as with perftest: a send_bw server posts receives for exactly -n
 messages, and iWARP has no receiver-not-ready retry.
 
 flags:
