@@ -310,9 +310,15 @@ func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, o Optio
 		return nil, fmt.Errorf("perftest: control connection: %w", err)
 	}
 	s.logf("client %v connected", req.RemoteAddr())
+	var stop context.CancelFunc
+	s.watch, stop = context.WithCancel(ctx)
 	err = s.run(ctx)
+	stop()
 	defer s.d.close()
 	if err != nil {
+		if n := s.extraConns(); n > 0 {
+			return nil, fmt.Errorf("%w (the client opened %d data connection(s) beyond -q %d: give both sides the same -q)", err, n, o.QPs)
+		}
 		return nil, err
 	}
 	// perftest's server closes first, once its last answer is sent.
@@ -325,6 +331,38 @@ func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, o Optio
 	s.logf("closing")
 	s.disconnect()
 	return s.r, nil
+}
+
+// watchExtra rejects the connections a client opens beyond the run's data
+// connections, once those are accepted, until s.watch ends; extraConns
+// then counts them. A perftest client given a larger -q than the server
+// waits for its extra connections and fails (siw's:
+// RDMA_CM_EVENT_UNREACHABLE), and the server saw only the client's close:
+// this says why.
+func (s *session) watchExtra() {
+	out := make(chan int, 1)
+	s.extra = out
+	go func() {
+		n := 0
+		defer func() { out <- n }()
+		for {
+			req, err := s.ln.Accept(s.watch)
+			if err != nil {
+				return
+			}
+			req.Reject(nil)
+			n++
+		}
+	}()
+}
+
+// extraConns returns how many connections watchExtra rejected; s.watch
+// has ended.
+func (s *session) extraConns() int {
+	if s.extra == nil {
+		return 0
+	}
+	return <-s.extra
 }
 
 // controlOptions are o.Connect for the control connection: perftest asks

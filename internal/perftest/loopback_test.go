@@ -434,3 +434,31 @@ func TestLoopbackDurationLatency(t *testing.T) {
 		})
 	}
 }
+
+// TestQPsMismatch: sides given different -q say so. A gowarp server with
+// fewer queue pairs than its client names the extra connections (it had
+// seen only the client's close); a client with more names the one the
+// server did not take.
+func TestQPsMismatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ln, err := gowarp.Open().Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sc := make(chan error, 1)
+	go func() {
+		_, err := Serve(ctx, gowarp.Open(), ln, Options{Test: WriteBW, Iters: 20, QPs: 1, Connect: gowarp.ConnectOptions{NoP2P: true}})
+		sc <- err
+	}()
+	o := Options{Test: WriteBW, Iters: 20, QPs: 2, Addr: ln.Addr().String(), DataTries: 3, DataGap: 10 * time.Millisecond, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	_, cerr := Run(ctx, gowarp.Open(), o)
+	serr := <-sc
+	if cerr == nil || !strings.Contains(cerr.Error(), "queue pair 2 of 2") || !strings.Contains(cerr.Error(), "the server took 1: give both sides the same -q") {
+		t.Errorf("client: %v; want the second queue pair's failure and the hint", cerr)
+	}
+	if serr == nil || !strings.Contains(serr.Error(), "data connection(s) beyond -q 1: give both sides the same -q") {
+		t.Errorf("server: %v; want the extra connections named", serr)
+	}
+}

@@ -24,6 +24,10 @@ type session struct {
 	r      *Result
 	cycle  int // the peer's cycle buffer (its page size), at most maxCycle
 	rounds int // send_lat and send_bw: sizes whose receives were posted (ScriptFor)
+	// A server's watch for connections beyond its data connections (see
+	// watchExtra): the context that bounds it, and the count it sends.
+	watch context.Context
+	extra <-chan int
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -141,6 +145,9 @@ func (s *session) act(ctx context.Context, st Step) error {
 		var err error
 		if s.server {
 			s.d, err = acceptData(ctx, s.dev, s.pd, s.ln, s.o, s.cycle)
+			if err == nil && s.watch != nil {
+				s.watchExtra()
+			}
 		} else {
 			s.d, err = dialData(ctx, s.dev, s.pd, s.o, s.cycle, s.logf)
 		}
@@ -444,7 +451,12 @@ func dialData(ctx context.Context, dev *gowarp.Device, pd *gowarp.PD, o *Options
 		qp, err := d.dialOne(ctx, pd, o, logf)
 		if err != nil {
 			d.close()
-			if o.QPs > 1 {
+			switch {
+			case i > 0:
+				// The server took the first: perftest's refuses (or
+				// resets) the connections beyond its own -q.
+				err = fmt.Errorf("queue pair %d of %d: %w (the server took %d: give both sides the same -q)", i+1, o.QPs, err, i)
+			case o.QPs > 1:
 				err = fmt.Errorf("queue pair %d of %d: %w", i+1, o.QPs, err)
 			}
 			return nil, err
