@@ -27,6 +27,18 @@ func pair(t *testing.T, o Options) (client, server *Result) {
 // for the server's address addr.
 func pairVia(t *testing.T, o Options, via func(addr string) string) (client, server *Result) {
 	t.Helper()
+	cr, cerr, sr, serr := runPair(t, o, o, via)
+	if cerr != nil || serr != nil {
+		t.Fatalf("client: %v; server: %v", cerr, serr)
+	}
+	return cr, sr
+}
+
+// runPair runs a gowarp perftest server with so and its client with co
+// (dialing via(addr) if via is not nil) on the loopback, and returns what
+// each returned.
+func runPair(t *testing.T, so, co Options, via func(addr string) string) (cr *Result, cerr error, sr *Result, serr error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ln, err := gowarp.Open().Listen("127.0.0.1:0")
@@ -34,27 +46,21 @@ func pairVia(t *testing.T, o Options, via func(addr string) string) (client, ser
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	type res struct {
-		r   *Result
-		err error
-	}
-	sc := make(chan res, 1)
-	so := o
+	done := make(chan struct{})
 	go func() {
-		r, err := Serve(ctx, gowarp.Open(), ln, so)
-		sc <- res{r, err}
+		defer close(done)
+		sr, serr = Serve(ctx, gowarp.Open(), ln, so)
 	}()
-	o.Addr = ln.Addr().String()
+	co.Addr = ln.Addr().String()
 	if via != nil {
-		o.Addr = via(o.Addr)
+		co.Addr = via(co.Addr)
 	}
-	o.DataGap = 10 * time.Millisecond
-	cr, cerr := Run(ctx, gowarp.Open(), o)
-	s := <-sc
-	if cerr != nil || s.err != nil {
-		t.Fatalf("client: %v; server: %v", cerr, s.err)
+	if co.DataGap == 0 {
+		co.DataGap = 10 * time.Millisecond
 	}
-	return cr, s.r
+	cr, cerr = Run(ctx, gowarp.Open(), co)
+	<-done
+	return cr, cerr, sr, serr
 }
 
 // TestLoopback runs every test, gowarp client against gowarp server, with
@@ -440,21 +446,10 @@ func TestLoopbackDurationLatency(t *testing.T) {
 // seen only the client's close); a client with more names the one the
 // server did not take.
 func TestQPsMismatch(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ln, err := gowarp.Open().Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	sc := make(chan error, 1)
-	go func() {
-		_, err := Serve(ctx, gowarp.Open(), ln, Options{Test: WriteBW, Iters: 20, QPs: 1, Connect: gowarp.ConnectOptions{NoP2P: true}})
-		sc <- err
-	}()
-	o := Options{Test: WriteBW, Iters: 20, QPs: 2, Addr: ln.Addr().String(), DataTries: 3, DataGap: 10 * time.Millisecond, Connect: gowarp.ConnectOptions{NoP2P: true}}
-	_, cerr := Run(ctx, gowarp.Open(), o)
-	serr := <-sc
+	so := Options{Test: WriteBW, Iters: 20, QPs: 1, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	co := so
+	co.QPs, co.DataTries = 2, 3
+	_, cerr, _, serr := runPair(t, so, co, nil)
 	if cerr == nil || !strings.Contains(cerr.Error(), "queue pair 2 of 2") || !strings.Contains(cerr.Error(), "the server took 1: give both sides the same -q") {
 		t.Errorf("client: %v; want the second queue pair's failure and the hint", cerr)
 	}
