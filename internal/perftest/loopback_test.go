@@ -457,3 +457,23 @@ func TestQPsMismatch(t *testing.T) {
 		t.Errorf("server: %v; want the extra connections named", serr)
 	}
 }
+
+// TestDuplexLineGbits: a bidirectional run in Gb/s prints six decimals
+// when this side's own average is below 0.1, whatever the sum, as
+// perftest's print_full_bw_report decides before adding the peer's.
+func TestDuplexLineGbits(t *testing.T) {
+	r := &Result{Test: WriteBW, Local: Report{Size: 65536, Iters: 200, BWPeak: 2, BWAvg: 0.05, MsgRateMpps: 0.0001},
+		Remote: Report{Size: 65536, Iters: 200, BWPeak: 2.090479, BWAvg: 0.311633, MsgRateMpps: 0.00059}}
+	o := Options{Test: WriteBW, Duplex: true, Gbits: true}
+	var b strings.Builder
+	r.WriteTable(&b, &o)
+	if want := " 65536      200           4.090479            0.361633            0.000690"; !strings.Contains(b.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
+	r.Local.BWAvg = 0.5
+	b.Reset()
+	r.WriteTable(&b, &o)
+	if want := " 65536      200              4.09               0.81"; !strings.Contains(b.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
+}

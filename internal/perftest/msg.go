@@ -190,8 +190,11 @@ func resultHeader(gbits bool) string {
 
 // Line formats r as perftest's result line; gbits says its figures are in
 // Gb/s, which perftest prints with more digits below 0.1.
-func (r *Report) Line(gbits bool) string {
-	if gbits && r.BWAvg < 0.1 {
+func (r *Report) Line(gbits bool) string { return r.line(gbits && r.BWAvg < 0.1) }
+
+// line formats r with six decimals (perftest's REPORT_FMT_EXT) or two.
+func (r *Report) line(ext bool) string {
+	if ext {
 		return fmt.Sprintf(" %-7d    %d           %-7.6f            %-7.6f            %-7.6f", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRateMpps)
 	}
 	return fmt.Sprintf(" %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f", r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRateMpps)
