@@ -242,10 +242,8 @@ type Result struct {
 	Lat         LatReport
 	LatSizes    []LatReport
 	PeerVersion string
-	// LocalDest and RemoteDest are the first data queue pair's dests;
-	// LocalDests and RemoteDests all of them (Options.QPs).
-	LocalDest   Dest
-	RemoteDest  Dest
+	// LocalDests and RemoteDests are the dests of the data queue pairs,
+	// one for each (Options.QPs).
 	LocalDests  []Dest
 	RemoteDests []Dest
 	Transcript  []Message // the control connection, in order
@@ -526,9 +524,6 @@ func (d *data) traffic(ctx context.Context, o *Options, peers []Dest, rep *Repor
 			}
 			time.Sleep(20 * time.Microsecond)
 			continue
-		}
-		if totPosted == totCompleted {
-			continue // a Duration's run between posts: its end is due
 		}
 		if err := d.waitCQ(ctx, o, t, end); err != nil {
 			return err

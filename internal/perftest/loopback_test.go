@@ -191,8 +191,8 @@ func checkPair(t *testing.T, test Test, o Options, c, s *Result) {
 	if c.PeerVersion != Version || s.PeerVersion != Version {
 		t.Errorf("versions seen: client %q, server %q", c.PeerVersion, s.PeerVersion)
 	}
-	if c.RemoteDest != s.LocalDest || s.RemoteDest != c.LocalDest {
-		t.Errorf("dests: client has %+v and %+v, server %+v and %+v", c.LocalDest, c.RemoteDest, s.LocalDest, s.RemoteDest)
+	if !slices.Equal(c.RemoteDests, s.LocalDests) || !slices.Equal(s.RemoteDests, c.LocalDests) {
+		t.Errorf("dests: client has %+v and %+v, server %+v and %+v", c.LocalDests, c.RemoteDests, s.LocalDests, s.RemoteDests)
 	}
 	// Both sides walked the same script: the transcripts agree.
 	if len(c.Transcript) != len(s.Transcript) {

@@ -272,8 +272,6 @@ func (d *data) creditsOver(ctx context.Context, o *Options) {
 	d.credited += o.Iters / creditEvery(o)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	for d.credit.Placed() < uint64(4*d.credited) && wctx.Err() == nil {
-		time.Sleep(100 * time.Microsecond)
-	}
+	d.credit.WaitPlaced(wctx, uint64(4*d.credited))
 	d.words[1] = 0
 }

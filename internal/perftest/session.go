@@ -120,7 +120,6 @@ func (s *session) run(ctx context.Context) error {
 			ndest++
 			if ndest <= s.o.QPs {
 				s.r.RemoteDests = append(s.r.RemoteDests, d)
-				s.r.RemoteDest = s.r.RemoteDests[0]
 				s.logf("peer: qpn %#x rkey %#x vaddr %#x", d.QPN, d.RKey, d.VAddr)
 			} else if was := s.r.RemoteDests[qp]; d.RKey != was.RKey || d.VAddr != was.VAddr {
 				return fmt.Errorf("perftest: peer's dest %d names rkey %#x vaddr %#x, its queue pair %d's named %#x %#x",
@@ -157,7 +156,6 @@ func (s *session) act(ctx context.Context, st Step) error {
 		for i := range s.d.qps {
 			s.r.LocalDests = append(s.r.LocalDests, s.d.dest(s.o, s.server, i))
 		}
-		s.r.LocalDest = s.r.LocalDests[0]
 		return nil
 	case ActRecvs:
 		if s.o.Test == SendLat || s.o.Test == SendBW {

@@ -79,12 +79,8 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 	// perftest prints every queue pair's: this side's, then the peer's.
 	for _, side := range []struct {
 		name  string
-		one   Dest
 		dests []Dest
-	}{{"local", r.LocalDest, r.LocalDests}, {"remote", r.RemoteDest, r.RemoteDests}} {
-		if len(side.dests) == 0 {
-			side.dests = []Dest{side.one}
-		}
+	}{{"local", r.LocalDests}, {"remote", r.RemoteDests}} {
 		for i := range side.dests {
 			fmt.Fprint(w, addressLines(side.name, &side.dests[i], rdma))
 		}
