@@ -55,6 +55,13 @@ func TestHeaderRoundTrip(t *testing.T) {
 			if got != h {
 				t.Errorf("round trip:\n got %+v\nwant %+v", got, h)
 			}
+			// Decoded in place over a header with every field set, as a
+			// receiver reuses one: nothing of the old one may remain.
+			dirty := Header{Opcode: 0xf, Tagged: !h.Tagged, Last: true, DDPVersion: 3, RDMAPVersion: 3, DDPReserved: 0xf, RDMAPReserved: 3,
+				STag: ^uint32(0), TO: ^uint64(0), RsvdULP: ^uint32(0), QN: ^uint32(0), MSN: ^uint32(0), MO: ^uint32(0)}
+			if n, err := dirty.Decode(enc); err != nil || n != h.Len() || dirty != h {
+				t.Errorf("Decode over a used header = %d, %v:\n got %+v\nwant %+v", n, err, dirty, h)
+			}
 		})
 	}
 }

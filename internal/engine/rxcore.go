@@ -400,9 +400,8 @@ func (r *rxState) header() error {
 	r.ulen, r.hlen = ulen, hlen
 	copy(r.head[:], b[2:2+hlen]) // kept for a Terminate's echo
 	// Parsed in place into r.h: the header of the FPDU under way from here.
-	var n int
-	var err error
-	if r.h, n, err = wire.ParseHeader(b[2 : 2+hlen]); err != nil {
+	n, err := r.h.Decode(b[2 : 2+hlen])
+	if err != nil {
 		return newFault(wire.ErrDDPCatastrophic, "ULPDU of %d bytes is shorter than its header", r.ulen)
 	}
 	h := &r.h
