@@ -2,12 +2,15 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -528,6 +531,38 @@ func validCoreCases() []coreCase {
 				t.Error("Send with Invalidate left its STag valid")
 			}
 		}},
+		{name: "sends of one FPDU", setup: func(t testing.TB, e *coreEnv) {
+			// Fed whole, these take the path that places and completes
+			// at the header (sendWhole) or fall back from it; cut, the
+			// general path: the table compares the two.
+			if err := e.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{MR: e.local, Length: 8}, {MR: e.local, Offset: 100, Length: 8}}}); err != nil {
+				t.Fatal(err) // one region in two SGEs
+			}
+			if err := e.q.PostRecv(&RecvWR{ID: 2, SGL: []SGE{{MR: e.local, Offset: 2000, Length: 1500}}}); err != nil {
+				t.Fatal(err)
+			}
+			e.recv(t, 3) // no SGE
+			e.recv(t, 4, 8)
+		}, stream: func(e *coreEnv) []byte {
+			var b []byte
+			b = append(b, e.send(wire.OpSendSE, 1, 0, true, s1[:12])...)
+			b = append(b, e.send(wire.OpSend, 2, 0, true, s2[:1100])...) // above sendWholeMax
+			b = append(b, e.send(wire.OpSend, 3, 0, true, nil)...)
+			b = append(b, e.send(wire.OpSend, 4, 0, true, s1[:8])...)
+			return b
+		}, check: func(t testing.TB, e *coreEnv, x *coreEffects) {
+			wantComps(t, x,
+				Completion{ID: 1, Op: CompRecv, Bytes: 12, Solicited: true},
+				Completion{ID: 2, Op: CompRecv, Bytes: 1100},
+				Completion{ID: 3, Op: CompRecv},
+				Completion{ID: 4, Op: CompRecv, Bytes: 8})
+			wantMem(t, e.local, 0, s1[:8]) // receives 1 and 4
+			wantMem(t, e.local, 100, s1[8:12])
+			wantMem(t, e.local, 2000, s2[:1100])
+			if e.local.InUse() {
+				t.Error("the receives' region is still held")
+			}
+		}},
 		{name: "immediate data", ext: true, setup: func(t testing.TB, e *coreEnv) {
 			e.recv(t, 1, 16)
 			e.recv(t, 2, 100, 3000)
@@ -863,6 +898,12 @@ func hostileCoreCases() []coreCase {
 			b[len(b)-1] ^= 0xff
 			return b
 		}, want: wire.ErrMPACRC},
+		{name: "bad CRC in a Send", crc: []bool{true}, setup: recv64, stream: func(e *coreEnv) []byte {
+			// Staged whole, it is checked before it completes.
+			b := e.send(wire.OpSend, 1, 0, true, []byte{1, 2, 3, 4, 5, 6, 7, 8})
+			b[len(b)-1] ^= 0xff
+			return b
+		}, want: wire.ErrMPACRC, status: WRFlushError},
 		{name: "bad CRC in a large Write", crc: []bool{true}, stream: func(e *coreEnv) []byte {
 			b := e.write(e.rw.STag(), coreBase, pattern(2100, 7))
 			b[1000] ^= 0x10
@@ -1103,4 +1144,95 @@ func TestCoreReleaseMidPayload(t *testing.T) {
 	if !bytes.Equal(e.rw.Bytes()[1500:3000], e.fill[1500:3000]) {
 		t.Error("bytes fed after the release were placed")
 	}
+}
+
+// TestCoreSendWholeFallback: a Send of one FPDU, staged whole, that the
+// header's path (sendWhole) must not place itself: into a file's mapping
+// (guarded), into a region that grants no write hold now (a frozen
+// table), or completing into a full CQ. Each is what the general path
+// does with it.
+func TestCoreSendWholeFallback(t *testing.T) {
+	payload := pattern(8, 7)
+	t.Run("file", func(t *testing.T) {
+		e := newCoreEnv(t)
+		f, err := os.Create(filepath.Join(t.TempDir(), "region"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(4096); err != nil {
+			t.Fatal(err)
+		}
+		file, err := e.table.RegisterFile(1, f, 0, 4096, mem.LocalWrite, mem.Plain, mem.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.reset(t, false, 4)
+		if err := e.q.PostRecv(&RecvWR{ID: 9, SGL: []SGE{{MR: file, Offset: 100, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := feedCore(t, &e.q.rx, e.send(wire.OpSend, 1, 0, true, payload), nil); err != nil {
+			t.Fatal(err)
+		}
+		var wc [2]Completion
+		if n := e.cq.Poll(wc[:]); n != 1 || wc[0].ID != 9 || wc[0].Status != Success || wc[0].Bytes != 8 {
+			t.Fatalf("completions %+v", wc[:n])
+		}
+		wantMem(t, file, 100, payload)
+		if e.q.rx.guard || file.InUse() {
+			t.Error("the file's region is still held")
+		}
+		// The file cut short under its mapping: placed unguarded, the
+		// next Send would kill the process (SIGBUS).
+		if err := e.q.PostRecv(&RecvWR{ID: 10, SGL: []SGE{{MR: file, Offset: 100, Length: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(0); err != nil {
+			t.Fatal(err)
+		}
+		err = feedCore(t, &e.q.rx, e.send(wire.OpSend, 2, 0, true, payload), nil)
+		if err == nil {
+			t.Fatal("a Send into a truncated file's mapping was taken")
+		}
+		t.Logf("into the truncated file: %v", err)
+		e.q.Close()
+		if err := file.Deregister(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("frozen", func(t *testing.T) {
+		e := newCoreEnv(t)
+		e.reset(t, false, 4)
+		e.recv(t, 9, 64)
+		if err := e.table.Freeze(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		defer e.table.Thaw()
+		err := feedCore(t, &e.q.rx, e.send(wire.OpSend, 1, 0, true, payload), nil)
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("a Send into a frozen table: %v", err)
+		}
+		var wc [2]Completion
+		if n := e.cq.Poll(wc[:]); n != 0 {
+			t.Fatalf("completions %+v", wc[:n])
+		}
+		wantMem(t, e.local, 0, e.fill[:8]) // nothing placed
+	})
+	t.Run("overrun", func(t *testing.T) {
+		e := newCoreEnv(t)
+		e.reset(t, false, 4)
+		e.recv(t, 9, 64)
+		for e.cq.push(&Completion{ID: 1}, false) {
+		}
+		if err := feedCore(t, &e.q.rx, e.send(wire.OpSend, 1, 0, true, payload), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.q.Err(); !errors.Is(err, ErrCQOverrun) {
+			t.Fatalf("queue pair's error %v, want the overrun", err)
+		}
+		wantMem(t, e.local, 0, payload)
+		if e.q.rqHead != e.q.rqTail {
+			t.Error("the receive is still posted")
+		}
+	})
 }
