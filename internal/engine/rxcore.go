@@ -156,8 +156,8 @@ type rxState struct {
 	// only move past it.
 	whole bool
 	imm   uint64 // the Immediate Data of the message under way
-	ar         wire.AtomicRequest
-	aresp      wire.AtomicResponse
+	ar    wire.AtomicRequest
+	aresp wire.AtomicResponse
 }
 
 func (r *rxState) init(q *QP) {
