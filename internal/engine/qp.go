@@ -646,8 +646,7 @@ func (q *QP) kickLocked() {
 		q.mu.Unlock()
 		return
 	}
-	q.mu.Unlock()
-	q.transmit(false)
+	q.transmit(false, true)
 }
 
 // kickAsyncLocked starts the transmit path on the transmit goroutine; q.mu
@@ -728,7 +727,7 @@ func (q *QP) txLoop() {
 		}
 		q.mu.Unlock()
 		if handed {
-			q.transmit(true)
+			q.transmit(true, false)
 			continue
 		}
 		if q.ackT == nil {
@@ -747,7 +746,7 @@ func (q *QP) txLoop() {
 			q.txBusy = true
 			q.txHeld = false
 			q.mu.Unlock()
-			q.transmit(true)
+			q.transmit(true, false)
 		case <-q.done:
 			q.ackT.stop()
 			q.mu.Lock()

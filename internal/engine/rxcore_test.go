@@ -70,7 +70,7 @@ func runHandedTx(q *QP) {
 	q.txHanded = false
 	q.mu.Unlock()
 	if handed {
-		q.transmit(true)
+		q.transmit(true, false)
 	}
 }
 

@@ -296,8 +296,15 @@ var testHookWritten func(*QP)
 // transmit runs the transmit path while the caller holds the role. With
 // block false (a posting goroutine) it gives the role to the transmit
 // goroutine as soon as the socket would block; with block true it waits.
-func (q *QP) transmit(block bool) {
+// With locked, the caller holds q.mu, which transmit releases: a post
+// that takes the role builds its batch under the lock it posted under,
+// one lock operation pair fewer for every message of a ping-pong.
+func (q *QP) transmit(block, locked bool) {
 	t := &q.tx
+	if locked && t.left > 0 {
+		q.mu.Unlock()
+		locked = false
+	}
 	for {
 		if t.left == 0 {
 			if t.inMini {
@@ -305,7 +312,10 @@ func (q *QP) transmit(block bool) {
 			} else {
 				t.unholdAll()
 			}
-			q.mu.Lock()
+			if !locked {
+				q.mu.Lock()
+			}
+			locked = false
 			t.take()
 			q.markSentLocked()
 			if t.termSent {
