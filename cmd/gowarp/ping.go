@@ -22,7 +22,7 @@ func init() {
 }
 
 const pingUsage = `usage: gowarp ping -s [-vVP] [-S size] [-C count] [-a addr] [-p port]
-       gowarp ping -c [-vV] [-S size] [-C count] -a addr [-p port]
+       gowarp ping -c [-vV] [-S size] [-C count] [-I addr] -a addr [-p port]
 
 Speaks rdma-core's rping protocol, so either side may be rping on the
 Linux kernel's siw (rping -s / rping -c) or another gowarp ping. Per ping
@@ -43,6 +43,7 @@ func pingFlags(stderr io.Writer) (*flag.FlagSet, *pingConfig) {
 	fs.BoolVar(&c.server, "s", false, "server side")
 	fs.BoolVar(&c.client, "c", false, "client side")
 	fs.StringVar(&c.addr, "a", "", "`address`: to listen on (server; default all) or to connect to (client)")
+	fs.StringVar(&c.source, "I", "", "client: source `address` to connect from (default: the system's choice)")
 	fs.IntVar(&c.port, "p", rping.DefaultPort, "`port`")
 	fs.IntVar(&c.count, "C", 0, "ping `count` times (0: until interrupted; a server serves until the client leaves)")
 	fs.IntVar(&c.size, "S", rping.DefaultSize, fmt.Sprintf("ping data `size` (%d to %d)", rping.MinSize, rping.MaxSize))
@@ -63,7 +64,7 @@ func pingFlags(stderr io.Writer) (*flag.FlagSet, *pingConfig) {
 
 type pingConfig struct {
 	server, client, verbose, validate, persistent, quiet, p2p, debug bool
-	addr                                                             string
+	addr, source                                                     string
 	port, count, size, pd                                            int
 	conn                                                             gowarp.ConnectOptions
 	nudge                                                            time.Duration
@@ -138,7 +139,7 @@ func pingMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return 2
 		}
 		r, err := rping.Ping(ctx, dev, addr, rping.ClientOptions{
-			Size: c.size, Count: c.count, Validate: c.validate, Verbose: verbose, Connect: c.conn})
+			Size: c.size, Count: c.count, Validate: c.validate, Verbose: verbose, Connect: c.conn, Source: c.source})
 		if err != nil && !(c.count == 0 && errors.Is(err, context.Canceled)) {
 			fmt.Fprintf(stderr, "gowarp ping: client failed after %d pings: %v\n", r.Pings, err)
 			return 1
@@ -147,6 +148,10 @@ func pingMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			summary(stdout, "client", addr, r)
 		}
 		return 0
+	}
+	if c.source != "" {
+		fmt.Fprintln(stderr, "gowarp ping: -I is the client's source address; a server listens on -a")
+		return 2
 	}
 	// The server takes the client's revision; what it may ask for is CRC.
 	sconn := gowarp.ConnectOptions{CRC: c.conn.CRC}

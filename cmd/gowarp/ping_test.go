@@ -83,6 +83,51 @@ func TestPingCommand(t *testing.T) {
 	}
 }
 
+// TestPingSource: -I is rping's client source address. The server's
+// summary names the client by it; a source that is not the machine's
+// fails the client with the dial's reason.
+func TestPingSource(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	port := strconv.Itoa(freePort(t))
+	var sout, serr lockedBuf
+	done := make(chan int, 1)
+	go func() {
+		done <- dispatch(ctx, []string{"ping", "-s", "-a", "127.0.0.1", "-p", port}, &sout, &serr)
+	}()
+	var cout, cerr lockedBuf
+	var code int
+	for range 50 { // until the server listens
+		cout, cerr = lockedBuf{}, lockedBuf{}
+		if code = dispatch(ctx, []string{"ping", "-c", "-V", "-I", "127.0.0.2", "-a", "127.0.0.1", "-p", port, "-C", "2"}, &cout, &cerr); code == 0 ||
+			!strings.Contains(cerr.String(), "connection refused") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code != 0 {
+		t.Fatalf("client exit %d: %s", code, cerr.String())
+	}
+	if c := <-done; c != 0 {
+		t.Fatalf("server exit %d: %s", c, serr.String())
+	}
+	if !strings.Contains(sout.String(), "gowarp ping server: 127.0.0.2:") || !strings.Contains(sout.String(), "2 pings") {
+		t.Errorf("server's summary does not name the source 127.0.0.2:\n%s", sout.String())
+	}
+
+	// 192.0.2.1 (TEST-NET-1) is no address of this machine.
+	cout, cerr = lockedBuf{}, lockedBuf{}
+	code = dispatch(ctx, []string{"ping", "-c", "-I", "192.0.2.1", "-a", "127.0.0.1", "-p", port, "-C", "1"}, &cout, &cerr)
+	if code != 1 || !strings.Contains(cerr.String(), "connect from 192.0.2.1") || !strings.Contains(cerr.String(), "assign requested address") {
+		t.Errorf("client from a foreign source: exit %d, %q", code, cerr.String())
+	}
+	cout, cerr = lockedBuf{}, lockedBuf{}
+	code = dispatch(ctx, []string{"ping", "-c", "-I", "no-such-host.invalid", "-a", "127.0.0.1", "-p", port, "-C", "1"}, &cout, &cerr)
+	if code != 1 || !strings.Contains(cerr.String(), `source address "no-such-host.invalid"`) {
+		t.Errorf("client from an unknown host name: exit %d, %q", code, cerr.String())
+	}
+}
+
 func TestPingUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"ping"},                   // neither -s nor -c
@@ -91,6 +136,7 @@ func TestPingUsage(t *testing.T) {
 		{"ping", "-s", "-S", "10"}, // below rping's minimum size
 		{"ping", "-s", "-S", "70000"},
 		{"ping", "-c", "-a", "x", "extra"},
+		{"ping", "-s", "-I", "127.0.0.1"}, // a client's flag
 	} {
 		var out, errb lockedBuf
 		if code := dispatch(context.Background(), args, &out, &errb); code != 2 {

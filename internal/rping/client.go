@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"time"
 
 	"github.com/gowarp/gowarp"
@@ -24,6 +26,9 @@ type ClientOptions struct {
 	// Its queue pair wakes a siw server that missed the first message
 	// while accepting (see gowarp.ConnectOptions.NoNudge).
 	Connect gowarp.ConnectOptions
+	// Source is the local address the connection leaves from (rping's
+	// -I: an IP address or a host name); empty for the system's choice.
+	Source string
 }
 
 // ErrMismatch is returned by a validating client whose echoed data differs
@@ -64,7 +69,7 @@ func Ping(ctx context.Context, dev *gowarp.Device, addr string, o ClientOptions)
 	if err := c.postRecv(); err != nil {
 		return Result{}, err
 	}
-	if err := c.qp.Connect(ctx, addr, o.Connect); err != nil {
+	if err := connect(ctx, c.qp, addr, o); err != nil {
 		return Result{}, err
 	}
 	var r Result
@@ -109,4 +114,26 @@ func Ping(ctx context.Context, dev *gowarp.Device, addr string, o ClientOptions)
 	defer cancel()
 	c.qp.Disconnect(dctx)
 	return r, ctx.Err()
+}
+
+// connect connects qp to addr, from o.Source if set: dialed from it and
+// handed over (QP.ConnectConn), as rping binds its client's rdma_cm id.
+func connect(ctx context.Context, qp *gowarp.QP, addr string, o ClientOptions) error {
+	if o.Source == "" {
+		return qp.Connect(ctx, addr, o.Connect)
+	}
+	src, err := net.DefaultResolver.LookupNetIP(ctx, "ip", o.Source)
+	if err != nil || len(src) == 0 {
+		return fmt.Errorf("rping: source address %q: %w", o.Source, err)
+	}
+	from := src[0].Unmap()
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0))}
+	if t := o.Connect.LinkTimeout; t > 0 {
+		d.Timeout = t
+	}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("rping: connect from %s: %w", from, err)
+	}
+	return qp.ConnectConn(ctx, conn, o.Connect)
 }
