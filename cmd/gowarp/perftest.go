@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -50,7 +51,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	client := fs.String("client", "", "server `ADDR` to run against (host or host:port; or the last argument); none: serve")
 	bind := fs.String("a", "", "server: listen on `ADDR` (host, or host:port; all interfaces when empty)")
 	port := fs.Int("p", perftest.DefaultPort, "`port` to connect to or listen on when the address has none")
-	fs.IntVar(&o.Size, "s", 0, "message size in `bytes` (0: perftest's, 65536 for bw, 2 for lat)")
+	fs.Var((*perftestSize)(&o.Size), "s", "message size in `bytes`, or with K or M for KiB or MiB as perftest's (0: perftest's, 65536 for bw, 2 for lat; --all runs every size whatever -s says, as perftest's -a)")
 	// Flags of perftest's command lines that mean nothing here, taken so
 	// that one pasted from a perftest run works.
 	fs.Bool("R", true, "accepted for perftest's command lines: gowarp always connects with rdma_cm (perftest's -R)")
@@ -168,4 +169,26 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // own errors already begin with "perftest: ".
 func perftestErr(w io.Writer, err error) {
 	fmt.Fprintln(w, "gowarp perftest:", strings.TrimPrefix(err.Error(), "perftest: "))
+}
+
+// perftestSize is perftest's -s: a number (decimal, or 0x hexadecimal, as
+// strtol with base 0 reads it), times 1024 after a K and 1024² after an M.
+type perftestSize int
+
+func (z *perftestSize) String() string { return strconv.Itoa(int(*z)) }
+
+func (z *perftestSize) Set(s string) error {
+	f := int64(1)
+	switch {
+	case strings.HasSuffix(s, "K"):
+		s, f = s[:len(s)-1], 1<<10
+	case strings.HasSuffix(s, "M"):
+		s, f = s[:len(s)-1], 1<<20
+	}
+	n, err := strconv.ParseInt(s, 0, 32)
+	if err != nil || n < 0 || n*f > math.MaxInt32 {
+		return fmt.Errorf("want a size in bytes, or with K or M (perftest's -s)")
+	}
+	*z = perftestSize(n * f)
+	return nil
 }

@@ -81,13 +81,29 @@ func perftestPair(t *testing.T, sargs, cargs []string) (server, client string) {
 func TestPerftestAllSizes(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
 	sout, cout := perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "--all", "-n", "5", "write_bw"},
-		[]string{"-R", "-F", "--all", "-n", "5", "write_bw", "127.0.0.1:" + port})
+		[]string{"-R", "-F", "--all", "-s", "64K", "-n", "5", "write_bw", "127.0.0.1:" + port}) // -a runs every size whatever -s says, as perftest's
 	lines := regexp.MustCompile(`(?m)^ (\d+)\s+5\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+$`).FindAllStringSubmatch(cout, -1)
 	if len(lines) != 23 || lines[0][1] != "2" || lines[22][1] != "8388608" {
 		t.Errorf("client's table has %d size lines, want 23 from 2 to 8388608:\n%s", len(lines), cout)
 	}
 	if !strings.Contains(sout, " 8388608    5 ") {
 		t.Errorf("server's table lacks the client's last report:\n%s", sout)
+	}
+}
+
+// TestPerftestSize: -s as perftest reads it, with K and M.
+func TestPerftestSize(t *testing.T) {
+	for in, want := range map[string]int{"2": 2, "65536": 65536, "64K": 65536, "1M": 1 << 20, "8M": 8 << 20, "0x10": 16, "0": 0} {
+		var z perftestSize
+		if err := z.Set(in); err != nil || int(z) != want {
+			t.Errorf("-s %s: %d, %v; want %d", in, z, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "-1", "2G", "K", "4096M", "1.5K"} {
+		var z perftestSize
+		if err := z.Set(in); err == nil {
+			t.Errorf("-s %q: %d, no error", in, z)
+		}
 	}
 }
 

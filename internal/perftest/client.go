@@ -142,10 +142,7 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("perftest: unknown test %q (want one of %v)", o.Test, Tests)
 	}
 	if o.All {
-		if o.Size != 0 && o.Size != MaxSize {
-			return fmt.Errorf("perftest: all sizes (-a, --all) with a size (-s %d)", o.Size)
-		}
-		o.Size = MaxSize
+		o.Size = MaxSize // whatever -s said, as perftest's force_dependecies
 	}
 	if o.QPs == 0 {
 		o.QPs = 1

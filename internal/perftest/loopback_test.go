@@ -139,9 +139,10 @@ func TestLoopbackAll(t *testing.T) {
 			}
 		})
 	}
+	// perftest's -a sets the size to its largest whatever -s said.
 	for _, o := range []Options{{Test: WriteBW, All: true, Size: 100}, {Test: SendLat, All: true, Size: 2}} {
-		if err := Fill(&o); err == nil {
-			t.Errorf("%s with All and size %d: no error", o.Test, o.Size)
+		if err := Fill(&o); err != nil || o.Size != MaxSize {
+			t.Errorf("%s with All and a size: %v, size %d, want %d", o.Test, err, o.Size, MaxSize)
 		}
 	}
 }
