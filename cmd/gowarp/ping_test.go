@@ -43,22 +43,20 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// TestPingCommand runs gowarp ping -s and -c against each other, with
-// rping's clustered flags.
-func TestPingCommand(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	port := strconv.Itoa(freePort(t))
-	var sout, serr lockedBuf
+// pingPair runs gowarp ping with server's flags and client's on
+// 127.0.0.1 and a free port, the client until the server listens; both
+// must exit 0. It returns their output.
+func pingPair(ctx context.Context, t *testing.T, server, client []string) (sout, cout string) {
+	t.Helper()
+	at := []string{"-a", "127.0.0.1", "-p", strconv.Itoa(freePort(t))}
+	var so, serr lockedBuf
 	done := make(chan int, 1)
-	go func() {
-		done <- dispatch(ctx, []string{"ping", "-sv", "-a", "127.0.0.1", "-p", port, "-crc"}, &sout, &serr)
-	}()
-	var cout, cerr lockedBuf
+	go func() { done <- dispatch(ctx, slices.Concat([]string{"ping"}, server, at), &so, &serr) }()
+	var co, cerr lockedBuf
 	var code int
 	for range 50 { // until the server listens
-		cout, cerr = lockedBuf{}, lockedBuf{}
-		if code = dispatch(ctx, []string{"ping", "-c", "-vV", "-a", "127.0.0.1", "-p", port, "-C", "3", "-S", "100"}, &cout, &cerr); code == 0 ||
+		co, cerr = lockedBuf{}, lockedBuf{}
+		if code = dispatch(ctx, slices.Concat([]string{"ping"}, client, at), &co, &cerr); code == 0 ||
 			!strings.Contains(cerr.String(), "connection refused") {
 			break
 		}
@@ -70,13 +68,22 @@ func TestPingCommand(t *testing.T) {
 	if c := <-done; c != 0 {
 		t.Fatalf("server exit %d: %s", c, serr.String())
 	}
-	if n := strings.Count(cout.String(), "ping data: rdma-ping-"); n != 3 {
-		t.Errorf("client printed %d pings:\n%s", n, cout.String())
+	return so.String(), co.String()
+}
+
+// TestPingCommand runs gowarp ping -s and -c against each other, with
+// rping's clustered flags.
+func TestPingCommand(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sout, cout := pingPair(ctx, t, []string{"-sv", "-crc"}, []string{"-c", "-vV", "-C", "3", "-S", "100"})
+	if n := strings.Count(cout, "ping data: rdma-ping-"); n != 3 {
+		t.Errorf("client printed %d pings:\n%s", n, cout)
 	}
-	if n := strings.Count(sout.String(), "server ping data: rdma-ping-"); n != 3 {
-		t.Errorf("server printed %d pings:\n%s", n, sout.String())
+	if n := strings.Count(sout, "server ping data: rdma-ping-"); n != 3 {
+		t.Errorf("server printed %d pings:\n%s", n, sout)
 	}
-	for _, out := range []string{cout.String(), sout.String()} {
+	for _, out := range []string{cout, sout} {
 		if !strings.Contains(out, "3 pings") {
 			t.Errorf("no summary line:\n%s", out)
 		}
@@ -89,35 +96,15 @@ func TestPingCommand(t *testing.T) {
 func TestPingSource(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	port := strconv.Itoa(freePort(t))
-	var sout, serr lockedBuf
-	done := make(chan int, 1)
-	go func() {
-		done <- dispatch(ctx, []string{"ping", "-s", "-a", "127.0.0.1", "-p", port}, &sout, &serr)
-	}()
-	var cout, cerr lockedBuf
-	var code int
-	for range 50 { // until the server listens
-		cout, cerr = lockedBuf{}, lockedBuf{}
-		if code = dispatch(ctx, []string{"ping", "-c", "-V", "-I", "127.0.0.2", "-a", "127.0.0.1", "-p", port, "-C", "2"}, &cout, &cerr); code == 0 ||
-			!strings.Contains(cerr.String(), "connection refused") {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if code != 0 {
-		t.Fatalf("client exit %d: %s", code, cerr.String())
-	}
-	if c := <-done; c != 0 {
-		t.Fatalf("server exit %d: %s", c, serr.String())
-	}
-	if !strings.Contains(sout.String(), "gowarp ping server: 127.0.0.2:") || !strings.Contains(sout.String(), "2 pings") {
-		t.Errorf("server's summary does not name the source 127.0.0.2:\n%s", sout.String())
+	sout, _ := pingPair(ctx, t, []string{"-s"}, []string{"-c", "-V", "-I", "127.0.0.2", "-C", "2"})
+	if !strings.Contains(sout, "gowarp ping server: 127.0.0.2:") || !strings.Contains(sout, "2 pings") {
+		t.Errorf("server's summary does not name the source 127.0.0.2:\n%s", sout)
 	}
 
 	// 192.0.2.1 (TEST-NET-1) is no address of this machine.
-	cout, cerr = lockedBuf{}, lockedBuf{}
-	code = dispatch(ctx, []string{"ping", "-c", "-I", "192.0.2.1", "-a", "127.0.0.1", "-p", port, "-C", "1"}, &cout, &cerr)
+	port := strconv.Itoa(freePort(t))
+	var cout, cerr lockedBuf
+	code := dispatch(ctx, []string{"ping", "-c", "-I", "192.0.2.1", "-a", "127.0.0.1", "-p", port, "-C", "1"}, &cout, &cerr)
 	if code != 1 || !strings.Contains(cerr.String(), "connect from 192.0.2.1") || !strings.Contains(cerr.String(), "assign requested address") {
 		t.Errorf("client from a foreign source: exit %d, %q", code, cerr.String())
 	}

@@ -151,6 +151,25 @@ func (e *coreEnv) reset(t testing.TB, crc bool, ird int) *sinkLink {
 	return l
 }
 
+// fileRegion registers the mapping of a 4 KiB file, zeros, in e's table
+// for local writes; both end with the test.
+func (e *coreEnv) fileRegion(t testing.TB) (*os.File, *mem.Region) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "region"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	file, err := e.table.RegisterFile(1, f, 0, 4096, mem.LocalWrite, mem.Plain, mem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { file.Deregister() })
+	return f, file
+}
+
 // recv posts a receive of the given SGE lengths in e.local, end to end.
 func (e *coreEnv) recv(t testing.TB, id uint64, lens ...int) {
 	var sgl []SGE
@@ -1155,18 +1174,7 @@ func TestCoreSendWholeFallback(t *testing.T) {
 	payload := pattern(8, 7)
 	t.Run("file", func(t *testing.T) {
 		e := newCoreEnv(t)
-		f, err := os.Create(filepath.Join(t.TempDir(), "region"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := f.Truncate(4096); err != nil {
-			t.Fatal(err)
-		}
-		file, err := e.table.RegisterFile(1, f, 0, 4096, mem.LocalWrite, mem.Plain, mem.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		f, file := e.fileRegion(t)
 		e.reset(t, false, 4)
 		if err := e.q.PostRecv(&RecvWR{ID: 9, SGL: []SGE{{MR: file, Offset: 100, Length: 64}}}); err != nil {
 			t.Fatal(err)
@@ -1190,7 +1198,7 @@ func TestCoreSendWholeFallback(t *testing.T) {
 		if err := f.Truncate(0); err != nil {
 			t.Fatal(err)
 		}
-		err = feedCore(t, &e.q.rx, e.send(wire.OpSend, 2, 0, true, payload), nil)
+		err := feedCore(t, &e.q.rx, e.send(wire.OpSend, 2, 0, true, payload), nil)
 		if err == nil {
 			t.Fatal("a Send into a truncated file's mapping was taken")
 		}

@@ -2,12 +2,9 @@ package engine
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
-	"github.com/gowarp/gowarp/internal/mem"
 	"github.com/gowarp/gowarp/wire"
 )
 
@@ -42,19 +39,7 @@ func miniQP(t *testing.T, e *coreEnv, crc bool) *vecLink {
 // Larger ones, and a file's mapping, keep their vectors into the region.
 func TestMiniBatch(t *testing.T) {
 	e := newCoreEnv(t)
-	f, err := os.Create(filepath.Join(t.TempDir(), "region"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(4096); err != nil {
-		t.Fatal(err)
-	}
-	file, err := e.table.RegisterFile(1, f, 0, 4096, mem.LocalWrite, mem.Plain, mem.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer file.Deregister()
+	_, file := e.fileRegion(t)
 	copy(file.Bytes(), pattern(4096, 9))
 	cases := []struct {
 		name string
