@@ -151,13 +151,9 @@ type rxState struct {
 	recvBytes  int
 	recvMSN    uint32
 	recvStatus Status
-	// whole: the Send in this FPDU was placed and its receive completed
-	// as its header was read (sendWhole); the rest of the FPDU's phases
-	// only move past it.
-	whole bool
-	imm   uint64 // the Immediate Data of the message under way
-	ar    wire.AtomicRequest
-	aresp wire.AtomicResponse
+	imm        uint64 // the Immediate Data of the message under way
+	ar         wire.AtomicRequest
+	aresp      wire.AtomicResponse
 }
 
 func (r *rxState) init(q *QP) {
@@ -322,7 +318,7 @@ func (r *rxState) release() {
 		r.atom = nil
 	}
 	r.sync.drop()
-	r.region, r.whole = nil, false
+	r.region = nil
 	clear(r.dst)
 	r.dst = r.dst[:0]
 }
@@ -488,10 +484,6 @@ func (r *rxState) header() error {
 	}
 	r.payload, r.left, r.di = payload, payload, 0
 	r.r += 2 + n + info.Extra
-	if r.whole {
-		r.left = 0
-		r.r += payload
-	}
 	r.phase = rxPayload
 	return nil
 }
@@ -557,9 +549,7 @@ func (r *rxState) complete() error {
 	case wire.OpAtomicResponse:
 		r.atomicPlaced()
 	default:
-		if r.whole {
-			r.whole = false // placed and completed already
-		} else if err := r.sendPlaced(&r.h, r.payload); err != nil {
+		if err := r.sendPlaced(&r.h, r.payload); err != nil {
 			return err
 		}
 	}
@@ -879,10 +869,6 @@ func (r *rxState) send(h *wire.Header, n int) error {
 			q.mu.Unlock()
 			return newFault(wire.ErrDDPNoBuffer, "Send with no receive posted")
 		}
-		if h.Last && r.sendWhole(h, n) {
-			q.mu.Unlock()
-			return nil
-		}
 		r.recvWQE = q.rq[q.rqHead%uint64(len(q.rq))]
 		r.recvIdx = q.rqHead
 		r.recv = &r.recvWQE
@@ -908,73 +894,6 @@ func (r *rxState) send(h *wire.Header, n int) error {
 	r.dst = sgeSlices(r.dst, r.recv.sges[:r.recv.nsge], r.recvBytes, n)
 	return nil
 }
-
-// sendWhole places a Send of one FPDU, staged whole, into the receive at
-// the ring's head and completes it, under q.mu (held) from the ring's look
-// up to the completion: one lock where a Send of several FPDUs takes one
-// at its first and one at its last. The lock operations were a third of
-// receiving an 8-byte Send (BenchmarkRecvSend8), send_lat's margin over
-// write_lat. It reports false, having done nothing, where the general
-// path is the one to judge or place: a receive too small, a region being
-// deregistered, snapshotted (the general path waits for it; this one
-// holds the lock) or guarded, a bad CRC, an STag to invalidate, more
-// than sendWholeMax bytes (copied under the lock), or bytes not yet
-// staged.
-func (r *rxState) sendWhole(h *wire.Header, n int) bool {
-	q := r.q
-	total := wire.FPDULen(r.ulen)
-	if n > sendWholeMax || r.w-r.r < total || h.Opcode.Invalidates() {
-		return false
-	}
-	b := r.buf[r.r : r.r+total]
-	if r.crc && (!r.summed || binary.LittleEndian.Uint32(b[total-wire.CRCLen:]) != r.sum) {
-		return false
-	}
-	e := &q.rq[q.rqHead%uint64(len(q.rq))]
-	if n > e.length {
-		return false
-	}
-	for i, left := 0, n; left > 0; i++ {
-		s := &e.sges[i]
-		if !s.MR.TryHoldWriteNow() {
-			r.unhold()
-			return false
-		}
-		r.hold(s.MR)
-		left -= min(left, s.Length)
-	}
-	if r.guard {
-		r.unhold()
-		return false
-	}
-	src := b[2+r.ulen-n : 2+r.ulen]
-	r.dst = sgeSlices(r.dst[:0], e.sges[:e.nsge], 0, n)
-	for _, d := range r.dst {
-		src = src[copy(d, src):]
-	}
-	clear(r.dst)
-	r.dst = r.dst[:0]
-	r.unhold()
-	c := Completion{QP: q, Op: CompRecv, ID: e.id, Bytes: n, Solicited: h.Opcode.Solicited()}
-	if h.Opcode.Info().Extra == wire.ImmediateLen {
-		c.Imm, c.WithImm = uint32(r.imm), true
-	}
-	for i := range e.nsge {
-		e.sges[i].MR.Release()
-		e.sges[i] = SGE{}
-	}
-	q.rqHead++
-	r.msn[wire.QNSend]++
-	if !q.cfg.RecvCQ.push(&c, true) {
-		q.overrunLocked()
-	}
-	r.whole = true
-	return true
-}
-
-// sendWholeMax is the largest Send that sendWhole copies under q.mu, which
-// posters wait for: about 100 ns of copying.
-const sendWholeMax = 1024
 
 // holdSGEs holds the regions of the SGEs under [off, off+n) of an SGE
 // list for writing. It reports false, holding none, if one is being deregistered.

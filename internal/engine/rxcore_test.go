@@ -551,9 +551,8 @@ func validCoreCases() []coreCase {
 			}
 		}},
 		{name: "sends of one FPDU", setup: func(t testing.TB, e *coreEnv) {
-			// Fed whole, these take the path that places and completes
-			// at the header (sendWhole) or fall back from it; cut, the
-			// general path: the table compares the two.
+			// Single-FPDU Sends into one region's two SGEs, into one
+			// large SGE, with no SGE at all, and after them all.
 			if err := e.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{MR: e.local, Length: 8}, {MR: e.local, Offset: 100, Length: 8}}}); err != nil {
 				t.Fatal(err) // one region in two SGEs
 			}
@@ -565,7 +564,7 @@ func validCoreCases() []coreCase {
 		}, stream: func(e *coreEnv) []byte {
 			var b []byte
 			b = append(b, e.send(wire.OpSendSE, 1, 0, true, s1[:12])...)
-			b = append(b, e.send(wire.OpSend, 2, 0, true, s2[:1100])...) // above sendWholeMax
+			b = append(b, e.send(wire.OpSend, 2, 0, true, s2[:1100])...)
 			b = append(b, e.send(wire.OpSend, 3, 0, true, nil)...)
 			b = append(b, e.send(wire.OpSend, 4, 0, true, s1[:8])...)
 			return b
@@ -1165,12 +1164,11 @@ func TestCoreReleaseMidPayload(t *testing.T) {
 	}
 }
 
-// TestCoreSendWholeFallback: a Send of one FPDU, staged whole, that the
-// header's path (sendWhole) must not place itself: into a file's mapping
-// (guarded), into a region that grants no write hold now (a frozen
-// table), or completing into a full CQ. Each is what the general path
-// does with it.
-func TestCoreSendWholeFallback(t *testing.T) {
+// TestCoreSendCases: a Send into a file's mapping (placed guarded: a file
+// cut short under it is a fault, not a SIGBUS), into a region of a frozen
+// table (no write hold granted: nothing placed), and completing into a
+// full CQ (the receive is consumed, the overrun reported).
+func TestCoreSendCases(t *testing.T) {
 	payload := pattern(8, 7)
 	t.Run("file", func(t *testing.T) {
 		e := newCoreEnv(t)

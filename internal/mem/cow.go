@@ -108,17 +108,6 @@ func (r *Region) TryHoldWrite() bool {
 	return r.holdWriteSlow(v)
 }
 
-// TryHoldWriteNow is TryHoldWrite that never waits: while a snapshot is
-// being taken it reports false too, holding nothing. It is for a writer
-// that holds a lock posters wait for, and can go the slow way instead.
-func (r *Region) TryHoldWriteNow() bool {
-	if r.wuse.Add(1)&(wClosed|wGate|wFrozen) == 0 {
-		return true
-	}
-	r.wuse.Add(wDec)
-	return false
-}
-
 // holdWriteSlow is TryHoldWrite when the region is closing or a snapshot
 // is being taken; v is wuse with this write counted.
 func (r *Region) holdWriteSlow(v uint64) bool {
