@@ -157,8 +157,8 @@ func (o *Options) defaults() error {
 		if o.Test != WriteBW && o.Test != ReadBW {
 			return fmt.Errorf("perftest: bidirectional runs (-b) are supported for write_bw and read_bw, not %s", o.Test)
 		}
-		if o.All || o.Duration != 0 {
-			return errors.New("perftest: a bidirectional run (-b) with all sizes (-a, --all) or a duration (-D)")
+		if o.All {
+			return errors.New("perftest: a bidirectional run (-b) with all sizes (-a, --all)")
 		}
 	}
 	if o.Duration != 0 {

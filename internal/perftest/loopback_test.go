@@ -390,26 +390,40 @@ func TestOptionsRefused(t *testing.T) {
 // the other's report, and prints the two added, the same line on both.
 func TestLoopbackDuplex(t *testing.T) {
 	for _, test := range []Test{WriteBW, ReadBW} {
-		t.Run(string(test), func(t *testing.T) {
-			o := Options{Test: test, Iters: 100, Size: 16384, QPs: 2, Duplex: true, Connect: gowarp.ConnectOptions{NoP2P: true}}
-			c, s := pair(t, o)
-			if c.Local.Iters != 200 || s.Local.Iters != 200 || c.Local.BWAvg <= 0 || s.Local.BWAvg <= 0 {
-				t.Fatalf("reports: client %+v, server %+v; want 200 messages measured on each side", c.Local, s.Local)
-			}
-			if c.Remote != s.Local || s.Remote != c.Local {
-				t.Errorf("the reports crossed wrong: client has %+v and %+v, server %+v and %+v", c.Local, c.Remote, s.Local, s.Remote)
-			}
-			oo := o
-			oo.defaults()
-			var cb, sb strings.Builder
-			c.WriteTable(&cb, &oo)
-			s.WriteTable(&sb, &oo)
-			sum := c.Duplex()
-			if sum.BWAvg != c.Local.BWAvg+s.Local.BWAvg || !strings.Contains(cb.String(), sum.Line(false)) || !strings.Contains(sb.String(), sum.Line(false)) ||
-				!strings.Contains(cb.String(), "Bidirectional BW Test") {
-				t.Errorf("sum %+v; tables:\n%s\n%s", sum, cb.String(), sb.String())
-			}
-		})
+		for _, secs := range []time.Duration{0, time.Second} {
+			t.Run(fmt.Sprintf("%s/D%v", test, secs), func(t *testing.T) { duplexPair(t, test, secs) })
+		}
+	}
+}
+
+// duplexPair runs a bidirectional test of 100 messages a queue pair, or
+// for a duration (perftest's -b -D: each side sends for it and counts
+// what completed in its sampled window).
+func duplexPair(t *testing.T, test Test, d time.Duration) {
+	o := Options{Test: test, Iters: 100, Size: 16384, QPs: 2, Duplex: true, Duration: d, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	c, s := pair(t, o)
+	want := func(n uint64) bool { return n == 200 }
+	if d != 0 {
+		want = func(n uint64) bool { return n > 0 }
+	}
+	if !want(c.Local.Iters) || !want(s.Local.Iters) || c.Local.BWAvg <= 0 || s.Local.BWAvg <= 0 {
+		t.Fatalf("reports: client %+v, server %+v; want 200 messages (or a duration's) measured on each side", c.Local, s.Local)
+	}
+	if c.Remote != s.Local || s.Remote != c.Local {
+		t.Errorf("the reports crossed wrong: client has %+v and %+v, server %+v and %+v", c.Local, c.Remote, s.Local, s.Remote)
+	}
+	oo := o
+	oo.defaults()
+	var cb, sb strings.Builder
+	c.WriteTable(&cb, &oo)
+	s.WriteTable(&sb, &oo)
+	// Each side's line adds the two ways' figures to its own count, as
+	// perftest's print_full_bw_report (the counts differ in a duration).
+	sum, ssum := c.Duplex(), s.Duplex()
+	if sum.BWAvg != c.Local.BWAvg+s.Local.BWAvg || ssum.BWAvg != sum.BWAvg || sum.Iters != c.Local.Iters || ssum.Iters != s.Local.Iters ||
+		!strings.Contains(cb.String(), sum.Line(false)) || !strings.Contains(sb.String(), ssum.Line(false)) ||
+		!strings.Contains(cb.String(), "Bidirectional BW Test") {
+		t.Errorf("sums %+v, %+v; tables:\n%s\n%s", sum, ssum, cb.String(), sb.String())
 	}
 }
 
