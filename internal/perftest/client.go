@@ -157,9 +157,6 @@ func (o *Options) defaults() error {
 		if o.Test != WriteBW && o.Test != ReadBW {
 			return fmt.Errorf("perftest: bidirectional runs (-b) are supported for write_bw and read_bw, not %s", o.Test)
 		}
-		if o.All {
-			return errors.New("perftest: a bidirectional run (-b) with all sizes (-a, --all)")
-		}
 	}
 	if o.Duration != 0 {
 		if o.Test == SendBW {
@@ -231,9 +228,11 @@ type Result struct {
 	// server's (perftest's servers send uninitialised memory: see
 	// Plausible).
 	Remote Report
-	// Sizes are a client's reports of every size, with Options.All;
-	// Local is the last.
-	Sizes []Report
+	// Sizes are a client's reports of every size, with Options.All
+	// (and both sides' with Duplex); Local is the last. RemoteSizes are
+	// the peer's of a bidirectional run, one for each.
+	Sizes       []Report
+	RemoteSizes []Report
 	// Lat is this side's latency report (read_lat: the client's only);
 	// with Options.All, LatSizes has every size's and Lat is the last.
 	Lat         LatReport

@@ -65,12 +65,22 @@ func ScriptFor(o *Options) []Step {
 		s = append(s, StepDest, StepDest, StepDest)
 		if o.Duplex {
 			// Both sides run the traffic: they meet before it, and
-			// exchange their reports straight after.
-			s = append(s, StepDest, ActTraffic)
-		} else {
-			// The server waits for the client in a handshake.
-			s = append(s, ActTraffic, StepDest)
+			// exchange their reports straight after; over all sizes,
+			// they meet after each size's traffic too (write_bw.c's
+			// RUN_ALL loop, perftest 4.6 and later), then report it.
+			for range len(sizesOf(o)) {
+				s = append(s, StepDest, ActTraffic)
+				if o.All {
+					s = append(s, StepDest)
+				}
+				for range reportFields {
+					s = append(s, StepReport)
+				}
+			}
+			return append(s, StepDest)
 		}
+		// The server waits for the client in a handshake.
+		s = append(s, ActTraffic, StepDest)
 		for range reportFields {
 			s = append(s, StepReport)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -68,6 +69,28 @@ func TestScripts(t *testing.T) {
 	}
 	if Script("nope") != nil {
 		t.Error("a script for an unknown test")
+	}
+	// Bidirectional: a dest before the traffic and the reports straight
+	// after it; over all sizes, a dest after each size's traffic too
+	// (write_bw.c's RUN_ALL loop, checked against siw's ib_write_bw -b -a).
+	reports := " report-field report-field report-field report-field report-field"
+	duplex := pre + "dest dest dest dest traffic" + reports + " dest"
+	all := pre + "dest dest dest" + strings.Repeat(" dest traffic dest"+reports, 23) + " dest"
+	for o, want := range map[*Options]string{
+		{Test: WriteBW, Duplex: true}:            duplex,
+		{Test: ReadBW, Duplex: true, All: true}:  all,
+		{Test: WriteBW, Duplex: true, All: true}: all,
+	} {
+		var b strings.Builder
+		for i, st := range ScriptFor(o) {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(strings.ReplaceAll(st.String(), " ", "-"))
+		}
+		if b.String() != want {
+			t.Errorf("%s -b all %v:\n got %s\nwant %s", o.Test, o.All, b.String(), want)
+		}
 	}
 }
 

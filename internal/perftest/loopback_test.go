@@ -376,8 +376,7 @@ func TestOptionsRefused(t *testing.T) {
 		{Test: WriteBW, Duration: time.Second, All: true},
 		{Test: SendBW, Duplex: true},
 		{Test: WriteLat, Duplex: true},
-		{Test: WriteBW, Duplex: true, All: true},
-		{Test: ReadBW, Duplex: true, Duration: time.Second},
+		{Test: WriteBW, Duplex: true, All: true, Duration: time.Second}, // -D with -a, as perftest
 	} {
 		if err := Fill(&o); err == nil {
 			t.Errorf("%+v: no error", o)
@@ -393,6 +392,33 @@ func TestLoopbackDuplex(t *testing.T) {
 		for _, secs := range []time.Duration{0, time.Second} {
 			t.Run(fmt.Sprintf("%s/D%v", test, secs), func(t *testing.T) { duplexPair(t, test, secs) })
 		}
+	}
+}
+
+// TestLoopbackDuplexAll: -b with --all: every size both ways, each side
+// receiving the other's report of each size and printing the two added,
+// a line a size.
+func TestLoopbackDuplexAll(t *testing.T) {
+	for _, test := range []Test{WriteBW, ReadBW} {
+		t.Run(string(test), func(t *testing.T) {
+			o := Options{Test: test, Iters: 5, All: true, Duplex: true, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			c, s := pair(t, o)
+			if len(c.Sizes) != 23 || len(s.Sizes) != 23 || len(c.RemoteSizes) != 23 || len(s.RemoteSizes) != 23 {
+				t.Fatalf("sizes: client %d and %d, server %d and %d; want 23 of each", len(c.Sizes), len(c.RemoteSizes), len(s.Sizes), len(s.RemoteSizes))
+			}
+			oo := o
+			oo.defaults()
+			var cb strings.Builder
+			c.WriteTable(&cb, &oo)
+			for i := range c.Sizes {
+				if c.Sizes[i].Size != 2<<i || c.Sizes[i].Iters != 5 || c.RemoteSizes[i] != s.Sizes[i] || s.RemoteSizes[i] != c.Sizes[i] {
+					t.Fatalf("size %d: client %+v and %+v, server %+v and %+v", 2<<i, c.Sizes[i], c.RemoteSizes[i], s.Sizes[i], s.RemoteSizes[i])
+				}
+				if sum := addReports(c.Sizes[i], c.RemoteSizes[i]); !strings.Contains(cb.String(), sum.Line(false)) {
+					t.Errorf("the client's table lacks size %d's line %q:\n%s", 2<<i, sum.Line(false), cb.String())
+				}
+			}
+		})
 	}
 }
 

@@ -23,7 +23,7 @@ type session struct {
 	d      *data
 	r      *Result
 	cycle  int // the peer's cycle buffer (its page size), at most maxCycle
-	rounds int // send_lat and send_bw: sizes whose receives were posted (ScriptFor)
+	rounds int // send_lat and send_bw: sizes whose receives were posted; -b --all: sizes run (ScriptFor)
 	// A server's watch for connections beyond its data connections (see
 	// watchExtra): the context that bounds it, and the count it sends.
 	watch context.Context
@@ -131,6 +131,11 @@ func (s *session) run(ctx context.Context) error {
 				if s.r.Remote, err = parseReport(reports); err != nil {
 					return err
 				}
+				if s.o.Duplex && s.o.All {
+					// Every size's, each after its traffic (ScriptFor).
+					s.r.RemoteSizes = append(s.r.RemoteSizes, s.r.Remote)
+					nreport = 0
+				}
 			}
 		}
 	}
@@ -173,6 +178,18 @@ func (s *session) act(ctx context.Context, st Step) error {
 		return nil
 	case ActTraffic:
 		o := s.o
+		if o.Duplex && o.All {
+			// One size a round, both sides, reported after it.
+			sizes := sizesOf(o)
+			so := *o
+			so.Size, so.All = sizes[min(s.rounds, len(sizes)-1)], false
+			s.rounds++
+			if err := s.d.run(ctx, &so, s.server, s.r.RemoteDests, s.r); err != nil {
+				return fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, so.Size, err)
+			}
+			s.r.Sizes = append(s.r.Sizes, s.r.Local)
+			return nil
+		}
 		if (o.Test == SendLat || o.Test == SendBW) && o.All {
 			// One size a round: the one its receives were posted for.
 			so := *o

@@ -107,6 +107,13 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		// perftest picks six decimals by this side's own average,
 		// before it adds the peer's (siw's ib_write_bw -b -q 4
 		// --report_gbits printed 0.361633 for 0.04 of its own).
+		if len(r.Sizes) > 0 && len(r.RemoteSizes) == len(r.Sizes) {
+			for i := range r.Sizes {
+				sum := addReports(r.Sizes[i], r.RemoteSizes[i])
+				fmt.Fprintln(w, sum.line(o.Gbits && r.Sizes[i].BWAvg < 0.1))
+			}
+			break
+		}
 		sum := r.Duplex()
 		fmt.Fprintln(w, sum.line(o.Gbits && r.Local.BWAvg < 0.1))
 	case r.Server && r.Test != SendBW:
@@ -139,12 +146,14 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 // Duplex returns what a bidirectional run prints (perftest's
 // print_full_bw_report with both reports): this side's size and count,
 // and both sides' figures added.
-func (r *Result) Duplex() Report {
-	sum := r.Local
-	sum.BWPeak += r.Remote.BWPeak
-	sum.BWAvg += r.Remote.BWAvg
-	sum.MsgRateMpps += r.Remote.MsgRateMpps
-	return sum
+func (r *Result) Duplex() Report { return addReports(r.Local, r.Remote) }
+
+// addReports is local with remote's figures added to its own.
+func addReports(local, remote Report) Report {
+	local.BWPeak += remote.BWPeak
+	local.BWAvg += remote.BWAvg
+	local.MsgRateMpps += remote.MsgRateMpps
+	return local
 }
 
 // JSON returns the result as a flat object for -json.
@@ -193,6 +202,14 @@ func (r *Result) JSON(o *Options) map[string]any {
 			out[k] = v
 		}
 		out["local_report"], out["peer_report"] = bw(&r.Local), bw(&r.Remote)
+		if len(r.Sizes) > 0 && len(r.RemoteSizes) == len(r.Sizes) {
+			sizes := make([]map[string]any, len(r.Sizes))
+			for i := range r.Sizes {
+				sum := addReports(r.Sizes[i], r.RemoteSizes[i])
+				sizes[i] = bw(&sum)
+			}
+			out["sizes"] = sizes
+		}
 	case r.Server && r.Test != SendBW:
 		out["size"], out["iters"] = r.Remote.Size, r.Remote.Iters
 		out["client_report"] = bw(&r.Remote)

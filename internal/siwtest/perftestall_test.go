@@ -16,13 +16,19 @@ import (
 // Each side's table has a line for every size; perftest's write_bw and
 // read_bw servers print the client's last, as gowarp's do, and the
 // latency tests' both sides (but read_lat's server) measure every size.
-func (s *suite) perftestAll(t *testing.T, test string, gowarpServes bool) {
+// With duplex (-b), both sides of write_bw and read_bw run every size and
+// print, for each, their own count and both ways' figures added.
+func (s *suite) perftestAll(t *testing.T, test string, gowarpServes, duplex bool) {
 	ctx := ctxFor(t, 4*time.Minute)
 	const n = 5
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
 	nf := strconv.Itoa(n)
-	client, server := s.perftestBoth(ctx, t, test, gowarpServes, []string{"--all", "-n", nf}, []string{"-a", "-n", nf})
+	gflags, pflags := []string{"--all", "-n", nf}, []string{"-a", "-n", nf}
+	if duplex {
+		gflags, pflags = append(gflags, "-b"), append(pflags, "-b")
+	}
+	client, server := s.perftestBoth(ctx, t, test, gowarpServes, gflags, pflags)
 	if strings.HasSuffix(test, "_lat") {
 		// Both sides of write_lat and send_lat measure every size; the
 		// read_lat server nothing.
@@ -55,6 +61,18 @@ func (s *suite) perftestAll(t *testing.T, test string, gowarpServes bool) {
 		}
 	}
 	last := reportLine.FindAllStringSubmatch(server, -1)
+	if duplex {
+		if len(last) != 23 {
+			t.Fatalf("the server printed %d result lines, want 23:\n%s", len(last), server)
+		}
+		for i := range lines {
+			if !slices.Equal(last[i][1:], lines[i][1:]) {
+				t.Errorf("size %s: the server printed %v, the client %v; want the same sums", lines[i][1], last[i][1:], lines[i][1:])
+			}
+		}
+		detail = fmt.Sprintf("23 sizes × %d both ways; at 8 MiB the two ways added %s MB/s avg", n, lines[22][4])
+		return
+	}
 	if test == "send_bw" {
 		// The server measures each size's receives itself.
 		if len(last) != 23 || last[22][1] != "8388608" || last[22][2] != strconv.Itoa(n) {

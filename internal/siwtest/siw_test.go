@@ -159,9 +159,12 @@ func TestSIW(t *testing.T) {
 
 	// perftest's all-sizes mode (-a), both ways.
 	for _, test := range []string{"write_bw", "read_bw", "send_bw", "write_lat", "read_lat", "send_lat"} {
-		t.Run("perftest/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, false) })
-		t.Run("perftest-server/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, true) })
+		t.Run("perftest/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, false, false) })
+		t.Run("perftest-server/"+test+"/all", func(t *testing.T) { s.perftestAll(t, test, true, false) })
 	}
+	// And bidirectional (-b -a).
+	t.Run("perftest/write_bw/b_all", func(t *testing.T) { s.perftestAll(t, "write_bw", false, true) })
+	t.Run("perftest-server/write_bw/b_all", func(t *testing.T) { s.perftestAll(t, "write_bw", true, true) })
 
 	// perftest's -q, -D and --report_gbits, both ways.
 	for _, c := range flagCases {
