@@ -499,6 +499,27 @@ func TestQPsMismatch(t *testing.T) {
 	}
 }
 
+// TestDuplexMismatch: a write_bw or read_bw server given -b and a client without it,
+// and the reverse, had both run to the end, printing figures of traffic
+// neither ran (their exchanges are alike). The server now sees it and
+// says so; the client fails with it.
+func TestDuplexMismatch(t *testing.T) {
+	for _, test := range []Test{WriteBW, ReadBW} {
+		for _, serverDuplex := range []bool{true, false} {
+			so := Options{Test: test, Iters: 20, Size: 4096, Duplex: serverDuplex, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			co := so
+			co.Duplex = !serverDuplex
+			_, cerr, _, serr := runPair(t, so, co, nil)
+			if serr == nil || !strings.Contains(serr.Error(), "give both sides -b or neither") {
+				t.Errorf("%s, server -b %v, client -b %v: server %v; want the mismatch named", test, so.Duplex, co.Duplex, serr)
+			}
+			if cerr == nil {
+				t.Errorf("%s, server -b %v, client -b %v: the client did not fail", test, so.Duplex, co.Duplex)
+			}
+		}
+	}
+}
+
 // TestDuplexLineGbits: a bidirectional run in Gb/s prints six decimals
 // when this side's own average is below 0.1, whatever the sum, as
 // perftest's print_full_bw_report decides before adding the peer's.

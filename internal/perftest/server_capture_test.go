@@ -66,11 +66,21 @@ func replayClient(ctx context.Context, t *testing.T, dev *gowarp.Device, addr st
 		return err
 	}
 	var data *gowarp.QP
+	var dataCQ *gowarp.CQ
+	var peer Dest // the server's, from its last dest
 	i := 0
 	for _, st := range Script(test) {
+		if st == ActTraffic && (test == WriteBW || test == ReadBW) {
+			// One message of the traffic, as a client's is the server's
+			// sign that it runs one way (checkDuplex).
+			if err := replayTraffic(ctx, pd, data, dataCQ, test, peer); err != nil {
+				return err
+			}
+			continue
+		}
 		if st == ActData {
-			cq := dev.NewCQ(8)
-			if data, err = pd.NewQP(gowarp.QPConfig{SendCQ: cq, RecvCQ: cq}); err != nil {
+			dataCQ = dev.NewCQ(8)
+			if data, err = pd.NewQP(gowarp.QPConfig{SendCQ: dataCQ, RecvCQ: dataCQ}); err != nil {
 				return err
 			}
 			defer data.Close()
@@ -94,6 +104,7 @@ func replayClient(ctx context.Context, t *testing.T, dev *gowarp.Device, addr st
 		switch {
 		case st == StepDest:
 			g, _ := ParseDest(got)
+			peer = g
 			w, _ := ParseDest(want)
 			if len(got) != DestLen || g.LID != w.LID || g.OutReads != w.OutReads || g.SRQN != w.SRQN || g.GIDIndex != w.GIDIndex || g.RKey == 0 || g.VAddr == 0 {
 				t.Errorf("message %d: server's dest %+v; siw's server sent %+v", i, g, w)
@@ -111,4 +122,31 @@ func replayClient(ctx context.Context, t *testing.T, dev *gowarp.Device, addr st
 		return fmt.Errorf("the script sent %d messages, the capture has %d", i, len(cp.client))
 	}
 	return nil
+}
+
+// replayTraffic Writes or Reads one small message to or from the server's
+// buffer that peer names, and waits for it to complete.
+func replayTraffic(ctx context.Context, pd *gowarp.PD, qp *gowarp.QP, cq *gowarp.CQ, test Test, peer Dest) error {
+	mr, err := pd.Register(make([]byte, 64), gowarp.LocalWrite)
+	if err != nil {
+		return err
+	}
+	defer mr.Deregister()
+	wr := gowarp.SendWR{Op: gowarp.OpWrite, Flags: gowarp.Signaled, SGL: []gowarp.SGE{{MR: mr, Length: 64}},
+		RemoteAddr: peer.VAddr, RKey: gowarp.STag(peer.RKey)}
+	if test == ReadBW {
+		wr.Op = gowarp.OpRead
+	}
+	if err := qp.PostSend(&wr); err != nil {
+		return err
+	}
+	var wc [1]gowarp.Completion
+	for {
+		if err := cq.Wait(ctx); err != nil {
+			return err
+		}
+		if cq.Poll(wc[:]) == 1 {
+			return wc[0].Err()
+		}
+	}
 }

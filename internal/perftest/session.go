@@ -3,6 +3,7 @@ package perftest
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -85,6 +86,9 @@ func (s *session) run(ctx context.Context) error {
 		if s.server {
 			if got, err = s.c.recv(ctx); err == nil {
 				err = CheckMessage(st, got)
+				if err == nil && st == StepDest && ndest == 2*s.o.QPs+1 {
+					err = s.checkDuplex(ctx)
+				}
 				if err == nil && st == StepReport {
 					// The server answers the client's report field with its own.
 					reports[nreport] = got
@@ -141,6 +145,56 @@ func (s *session) run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// checkDuplex judges, at a write_bw or read_bw server, whether the client
+// runs -b as this side does, when its dest after the dests of the queue
+// pairs comes: the handshake that follows a one-way client's traffic, or
+// the meeting before a bidirectional client's, which sends nothing before
+// the answer. The exchange is alike either way, and sides given different
+// -b had run to the end printing figures of what neither ran.
+func (s *session) checkDuplex(ctx context.Context) error {
+	// A one-way client's Writes or Reads left before its handshake, on
+	// another connection: the first lands or is served soon after it if
+	// not before. A bidirectional client sends nothing until this side
+	// answers, so the wait costs a genuine -b run its length once, and
+	// sees traffic only from a client without -b.
+	wait := time.Second
+	if s.o.Duplex {
+		wait = duplexWait
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var seen bool
+	switch s.o.Test {
+	case WriteBW:
+		seen = s.d.buf.WaitPlaced(wctx, 1) == nil
+	case ReadBW:
+		// Reads served have a count and no wait: look every millisecond.
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for seen = s.d.buf.Reads() > 0; !seen && wctx.Err() == nil; seen = s.d.buf.Reads() > 0 {
+			select {
+			case <-wctx.Done():
+			case <-tick.C:
+			}
+		}
+	default:
+		return nil
+	}
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case s.o.Duplex && seen:
+		return errors.New("perftest: the client's traffic came before it met this server for it: it runs without -b; give both sides -b or neither")
+	case !s.o.Duplex && !seen:
+		return errors.New("perftest: the client's handshake came with none of its traffic: it runs -b (bidirectional); give both sides -b or neither")
+	}
+	return nil
+}
+
+// duplexWait is how long a bidirectional write_bw server looks for a
+// Write that a client without -b sent before its handshake (checkDuplex).
+const duplexWait = 200 * time.Millisecond
 
 // act performs an action step.
 func (s *session) act(ctx context.Context, st Step) error {
