@@ -30,3 +30,17 @@ func TestPerftestLatNoClock(t *testing.T) {
 		t.Error("latLine matches an inf report")
 	}
 }
+
+// TestLatLineAny: the all-sizes check takes a size whose figures perftest
+// printed as inf, as siw's ib_write_lat -a did once at 512 KiB.
+func TestLatLineAny(t *testing.T) {
+	out := " 262144  5          30621.35        34172.65      32164.68  \t       32164.68     \t1543.00\n" +
+		" 524288  5          inf            inf          inf      \t       inf         \t-nan   \t\tinf     \t\tinf    \n" +
+		" 1048576 5          67536.68        97776.94      68020.81  \t       68020.81     \t484.00\n"
+	if n := len(latLineAny.FindAllStringSubmatch(out, -1)); n != 3 {
+		t.Errorf("latLineAny found %d lines, want 3", n)
+	}
+	if n := len(latLine.FindAllStringSubmatch(out, -1)); n != 2 {
+		t.Errorf("latLine found %d lines, want 2", n)
+	}
+}
