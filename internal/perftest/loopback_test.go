@@ -418,6 +418,9 @@ func TestLoopbackDuplexAll(t *testing.T) {
 					t.Errorf("the client's table lacks size %d's line %q:\n%s", 2<<i, sum.Line(false), cb.String())
 				}
 			}
+			if sizes, _ := s.JSON(&oo)["sizes"].([]map[string]any); len(sizes) != 23 || fmt.Sprint(sizes[22]["size"]) != fmt.Sprint(MaxSize) {
+				t.Errorf("the server's -json has sizes %v, want 23 up to %d", sizes, MaxSize)
+			}
 		})
 	}
 }
