@@ -523,6 +523,32 @@ func TestDuplexMismatch(t *testing.T) {
 	}
 }
 
+// TestAllMismatch: one side with --all and the other without ran the
+// first size and then failed on a closed connection (or, read_lat, a
+// bounds Terminate) without saying why; the side with --all names it.
+func TestAllMismatch(t *testing.T) {
+	for _, test := range []Test{WriteLat, SendLat, ReadLat} {
+		for _, serverAll := range []bool{true, false} {
+			if test == ReadLat && serverAll {
+				continue // its server measures nothing and takes any size
+			}
+			so := Options{Test: test, Iters: 5, RxDepth: 4, All: serverAll, Connect: gowarp.ConnectOptions{NoP2P: true}}
+			co := so
+			co.All = !serverAll
+			// The side without --all waits for its peer's close (2–3 s)
+			// before it goes; then the other learns it.
+			_, cerr, _, serr := runPair(t, so, co, nil)
+			err := cerr
+			if serverAll {
+				err = serr
+			}
+			if err == nil || !strings.Contains(err.Error(), "give both sides --all, perftest's -a, or neither") {
+				t.Errorf("%s, server --all %v: the side with --all said %v; want the mismatch named", test, serverAll, err)
+			}
+		}
+	}
+}
+
 // TestDuplexLineGbits: a bidirectional run in Gb/s prints six decimals
 // when this side's own average is below 0.1, whatever the sum, as
 // perftest's print_full_bw_report decides before adding the peer's.

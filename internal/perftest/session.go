@@ -146,6 +146,17 @@ func (s *session) run(ctx context.Context) error {
 	return nil
 }
 
+// allHint names the likely cause of a run of all sizes whose peer went,
+// or refused its access, after the first size: it runs one size, given no
+// --all (its buffer too is for one). The exchange of one size is a prefix
+// of the exchange of all, so neither side sees it before the traffic.
+func allHint(o *Options, size int, err error) error {
+	if o.All && size > 2 && (errors.Is(err, gowarp.ErrPeerClosed) || errors.Is(err, gowarp.ErrLinkLost) || errors.Is(err, gowarp.ErrPeerTerminated)) {
+		return fmt.Errorf("%w (the peer may run one size only: give both sides --all, perftest's -a, or neither)", err)
+	}
+	return err
+}
+
 // checkDuplex judges, at a write_bw or read_bw server, whether the client
 // runs -b as this side does, when its dest after the dests of the queue
 // pairs comes: the handshake that follows a one-way client's traffic, or
@@ -239,7 +250,7 @@ func (s *session) act(ctx context.Context, st Step) error {
 			so.Size, so.All = sizes[min(s.rounds, len(sizes)-1)], false
 			s.rounds++
 			if err := s.d.run(ctx, &so, s.server, s.r.RemoteDests, s.r); err != nil {
-				return fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, so.Size, err)
+				return allHint(o, so.Size, fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, so.Size, err))
 			}
 			s.r.Sizes = append(s.r.Sizes, s.r.Local)
 			return nil
@@ -250,7 +261,7 @@ func (s *session) act(ctx context.Context, st Step) error {
 			so.Size, so.All = s.d.size, false
 			o = &so
 			if err := s.d.run(ctx, o, s.server, s.r.RemoteDests, s.r); err != nil {
-				return fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, o.Size, err)
+				return allHint(s.o, o.Size, fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, o.Size, err))
 			}
 			if o.Test == SendLat {
 				s.r.LatSizes = append(s.r.LatSizes, s.r.Lat)
@@ -719,7 +730,7 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peers []Dest, r
 				so.Size = size
 				var rep Report
 				if err := d.traffic(ctx, &so, peers, &rep); err != nil {
-					return fmt.Errorf("%d B: %w", size, err)
+					return allHint(o, size, fmt.Errorf("%d B: %w", size, err))
 				}
 				r.Sizes = append(r.Sizes, rep)
 			}
@@ -747,7 +758,7 @@ func (d *data) run(ctx context.Context, o *Options, server bool, peers []Dest, r
 		tposted, sampled, err := d.pingPong(ctx, &so, server, peer)
 		if err != nil {
 			if o.All {
-				return fmt.Errorf("%d B: %w", size, err)
+				return allHint(o, size, fmt.Errorf("%d B: %w", size, err))
 			}
 			return err
 		}
