@@ -203,8 +203,9 @@ func (s *session) checkDuplex(ctx context.Context) error {
 	return nil
 }
 
-// duplexWait is how long a bidirectional write_bw server looks for a
-// Write that a client without -b sent before its handshake (checkDuplex).
+// duplexWait is how long a bidirectional write_bw or read_bw server looks
+// for the traffic a client without -b sent before its handshake
+// (checkDuplex).
 const duplexWait = 200 * time.Millisecond
 
 // act performs an action step.
