@@ -65,6 +65,8 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&o.QPs, "q", 1, "write_bw and read_bw: `N` data connections, each with its own queue pair (perftest's -q; give both sides the same)")
 	secs := fs.Int("D", 0, "all tests but send_bw: run for `seconds` instead of -n messages, measuring between margins of a quarter of it (perftest's -D; write_bw's and read_bw's server needs none unless -b, the latency tests' both sides do)")
 	fs.BoolVar(&o.Duplex, "b", false, "write_bw and read_bw: bidirectional, both sides Writing or Reading at once, each printing both ways' figures added to its own count (perftest's -b; give both sides, and -D to both if any)")
+	fs.BoolVar(&o.NoPeak, "N", false, "bandwidth clients: no peak, reported as 0 (perftest's -N, --noPeak)")
+	fs.StringVar(&o.Output, "output", "", "print only this, a number a line, instead of the table: bandwidth or message_rate (bandwidth tests), latency (the average; latency tests) (perftest's --output)")
 	fs.BoolVar(&o.Gbits, "report_gbits", false, "report bandwidth in Gb/s, not MB/s (perftest's --report_gbits; a server prints the client's figures in its own unit, as perftest's does)")
 	fs.IntVar(&o.TxDepth, "t", perftest.DefaultTxDepth, "bandwidth clients: work requests outstanding (tx depth)")
 	fs.IntVar(&o.RxDepth, "r", perftest.DefaultRxDepth, "send tests: rx depth (perftest -r; at most -n)")
@@ -147,7 +149,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return exitFailure
 		}
 		defer ln.Close()
-		if !*asJSON {
+		if !*asJSON && o.Output == "" {
 			fmt.Fprintf(stdout, "gowarp perftest %s: waiting for a client on %v\n", o.Test, ln.Addr())
 		}
 		r, err = perftest.Serve(ctx, dev, ln, o)
@@ -159,6 +161,10 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *asJSON {
 		b, _ := json.Marshal(r.JSON(&o))
 		fmt.Fprintln(stdout, string(b))
+		return exitOK
+	}
+	if o.Output != "" {
+		r.WriteOutput(stdout, &o)
 		return exitOK
 	}
 	r.WriteTable(stdout, &o)

@@ -91,6 +91,32 @@ func TestPerftestAllSizes(t *testing.T) {
 	}
 }
 
+// TestPerftestOutput: --output prints one number a line and nothing else
+// on either side (the server not even its waiting line), as perftest's
+// (siw's ib_write_bw --output=bandwidth printed "7.446877"); -N reports
+// no peak.
+func TestPerftestOutput(t *testing.T) {
+	number := regexp.MustCompile(`^[0-9]+\.[0-9]{6}\n$`)
+	port := strconv.Itoa(freePort(t))
+	sout, cout := perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "-n", "20", "--output=bandwidth", "write_bw"},
+		[]string{"-n", "20", "--output=bandwidth", "write_bw", "127.0.0.1:" + port})
+	if !number.MatchString(cout) || sout != cout {
+		t.Errorf("client printed %q, server %q: want the same one number", cout, sout)
+	}
+	port = strconv.Itoa(freePort(t))
+	_, cout = perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "-n", "20", "write_bw"},
+		[]string{"-n", "20", "-N", "write_bw", "127.0.0.1:" + port})
+	if !regexp.MustCompile(`(?m)^ 65536\s+20\s+0\.00\s+[0-9.]+`).MatchString(cout) || strings.Contains(cout, " 65536      20               0.00               0.00") {
+		t.Errorf("-N: want a peak of 0 and an average:\n%s", cout)
+	}
+	for _, args := range [][]string{{"--output=latency", "write_bw"}, {"--output=bandwidth", "send_lat"}, {"--output=everything", "read_bw"}} {
+		var out, errb lockedBuf
+		if code := dispatch(context.Background(), append([]string{"perftest", "-a", "127.0.0.1:0"}, args...), &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "output can be") {
+			t.Errorf("perftest %v: exit %d, %q; want %d and what the test's output can be", args, code, errb.String(), exitUsage)
+		}
+	}
+}
+
 // TestPerftestSize: -s as perftest reads it, with K and M.
 func TestPerftestSize(t *testing.T) {
 	for in, want := range map[string]int{"2": 2, "65536": 65536, "64K": 65536, "1M": 1 << 20, "8M": 8 << 20, "0x10": 16, "0": 0} {

@@ -124,6 +124,14 @@ type Options struct {
 	// client's report in its own unit, as perftest's does: give both
 	// sides the same.
 	Gbits bool
+	// NoPeak leaves a bandwidth client's peak out, reported as 0
+	// (perftest's -N, --noPeak).
+	NoPeak bool
+	// Output is what Result.WriteOutput prints instead of the table
+	// (perftest's --output): "bandwidth" or "message_rate" for the
+	// bandwidth tests, "latency" (the average) for the latency tests;
+	// empty for the table.
+	Output string
 	// Log receives a line per protocol step; nil for none.
 	Log io.Writer
 }
@@ -143,6 +151,13 @@ func (o *Options) defaults() error {
 	}
 	if o.All {
 		o.Size = MaxSize // whatever -s said, as perftest's force_dependecies
+	}
+	switch {
+	case o.Output == "":
+	case o.Test.Latency() && o.Output != "latency":
+		return fmt.Errorf("perftest: --output=%s: the latency tests' output can be latency", o.Output)
+	case !o.Test.Latency() && o.Output != "bandwidth" && o.Output != "message_rate":
+		return fmt.Errorf("perftest: --output=%s: the bandwidth tests' output can be bandwidth or message_rate", o.Output)
 	}
 	if o.QPs == 0 {
 		o.QPs = 1
@@ -530,6 +545,9 @@ func (d *data) traffic(ctx context.Context, o *Options, peers []Dest, rep *Repor
 		return nil
 	}
 	*rep = report(o.Size, tposted, tcompleted, o.unit())
+	if o.NoPeak {
+		rep.BWPeak = 0
+	}
 	return nil
 }
 

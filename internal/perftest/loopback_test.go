@@ -377,6 +377,9 @@ func TestOptionsRefused(t *testing.T) {
 		{Test: SendBW, Duplex: true},
 		{Test: WriteLat, Duplex: true},
 		{Test: WriteBW, Duplex: true, All: true, Duration: time.Second}, // -D with -a, as perftest
+		{Test: WriteBW, Output: "latency"},
+		{Test: ReadLat, Output: "bandwidth"},
+		{Test: SendBW, Output: "Bandwidth"},
 	} {
 		if err := Fill(&o); err == nil {
 			t.Errorf("%+v: no error", o)
@@ -545,6 +548,40 @@ func TestAllMismatch(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "give both sides --all, perftest's -a, or neither") {
 				t.Errorf("%s, server --all %v: the side with --all said %v; want the mismatch named", test, serverAll, err)
 			}
+		}
+	}
+}
+
+// TestWriteOutput: --output's numbers, one for each line the table
+// would show: the average or the message rate of a bandwidth report (a
+// server's the client's, a bidirectional run's the sum, every size's
+// with --all), a latency test's average (read_lat's client after a rule,
+// its server nothing).
+func TestWriteOutput(t *testing.T) {
+	a := Report{Size: 8, Iters: 5, BWPeak: 9, BWAvg: 1.25, MsgRateMpps: 0.5}
+	b := Report{Size: 8, Iters: 5, BWPeak: 9, BWAvg: 2, MsgRateMpps: 0.25}
+	for _, c := range []struct {
+		name string
+		r    Result
+		o    Options
+		want string
+	}{
+		{"client bandwidth", Result{Test: WriteBW, Local: a, Remote: b}, Options{Test: WriteBW, Output: "bandwidth"}, "1.250000\n"},
+		{"client message rate", Result{Test: WriteBW, Local: a}, Options{Test: WriteBW, Output: "message_rate"}, "0.500000\n"},
+		{"server", Result{Test: ReadBW, Server: true, Local: b, Remote: a}, Options{Test: ReadBW, Output: "bandwidth"}, "1.250000\n"},
+		{"send_bw server", Result{Test: SendBW, Server: true, Local: b}, Options{Test: SendBW, Output: "bandwidth"}, "2.000000\n"},
+		{"duplex", Result{Test: WriteBW, Local: a, Remote: b}, Options{Test: WriteBW, Duplex: true, Output: "bandwidth"}, "3.250000\n"},
+		{"duplex all", Result{Test: WriteBW, Sizes: []Report{a, b}, RemoteSizes: []Report{b, b}}, Options{Test: WriteBW, Duplex: true, All: true, Output: "message_rate"}, "0.750000\n0.500000\n"},
+		{"all", Result{Test: WriteBW, Sizes: []Report{a, b}}, Options{Test: WriteBW, All: true, Output: "bandwidth"}, "1.250000\n2.000000\n"},
+		{"write_lat", Result{Test: WriteLat, Lat: LatReport{Avg: 3.5, Typical: 3}}, Options{Test: WriteLat, Output: "latency"}, "3.500000\n"},
+		{"send_lat all", Result{Test: SendLat, LatSizes: []LatReport{{Avg: 1}, {Avg: 2}}}, Options{Test: SendLat, All: true, Output: "latency"}, "1.000000\n2.000000\n"},
+		{"read_lat", Result{Test: ReadLat, Lat: LatReport{Avg: 7}}, Options{Test: ReadLat, Output: "latency"}, ResultLine + "\n7.000000\n"},
+		{"read_lat server", Result{Test: ReadLat, Server: true}, Options{Test: ReadLat, Output: "latency"}, ""},
+	} {
+		var w strings.Builder
+		c.r.WriteOutput(&w, &c.o)
+		if w.String() != c.want {
+			t.Errorf("%s: %q, want %q", c.name, w.String(), c.want)
 		}
 	}
 }

@@ -143,6 +143,52 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 	}
 }
 
+// WriteOutput prints what perftest's --output prints instead of the table
+// (o.Output): for each report WriteTable's lines show, its average
+// bandwidth or its message rate, or a latency test's average latency, one
+// number a line ("%lf"). read_lat's client prints a rule first, as
+// perftest's does; a side that measures and shows nothing prints nothing.
+func (r *Result) WriteOutput(w io.Writer, o *Options) {
+	if o.Test.Latency() {
+		if r.Test == ReadLat && r.Server {
+			return
+		}
+		if r.Test == ReadLat {
+			fmt.Fprintln(w, ResultLine)
+		}
+		lats := r.LatSizes
+		if len(lats) == 0 {
+			lats = []LatReport{r.Lat}
+		}
+		for _, l := range lats {
+			fmt.Fprintf(w, "%f\n", l.Avg)
+		}
+		return
+	}
+	var reps []Report
+	switch {
+	case o.Duplex && len(r.Sizes) > 0 && len(r.RemoteSizes) == len(r.Sizes):
+		for i := range r.Sizes {
+			reps = append(reps, addReports(r.Sizes[i], r.RemoteSizes[i]))
+		}
+	case o.Duplex:
+		reps = []Report{r.Duplex()}
+	case r.Server && r.Test != SendBW:
+		reps = []Report{r.Remote}
+	case len(r.Sizes) > 0:
+		reps = r.Sizes
+	default:
+		reps = []Report{r.Local}
+	}
+	for _, rep := range reps {
+		v := rep.BWAvg
+		if o.Output == "message_rate" {
+			v = rep.MsgRateMpps
+		}
+		fmt.Fprintf(w, "%f\n", v)
+	}
+}
+
 // Duplex returns what a bidirectional run prints (perftest's
 // print_full_bw_report with both reports): this side's size and count,
 // and both sides' figures added.

@@ -29,10 +29,14 @@ var flagCases = []flagCase{
 	{name: "b", test: "write_bw", server: []string{"-b", "-n", "100"}, client: []string{"-b", "-n", "100"}, qps: 1},
 	{name: "b_q2", test: "read_bw", server: []string{"-b", "-q", "2", "-n", "50"}, client: []string{"-b", "-q", "2", "-n", "50"}, qps: 2},
 	{name: "b_D3", test: "write_bw", server: []string{"-b", "-D", "3"}, client: []string{"-b", "-D", "3"}, qps: 1, duration: true},
+	{name: "output", test: "write_bw", server: []string{"-n", "50", "--output=bandwidth"}, client: []string{"-n", "50", "-N", "--output=bandwidth"}, qps: 1},
 	{name: "D3", test: "write_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
 	{name: "D3", test: "read_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
 	{name: "D3", test: "send_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
 }
+
+// outputLine is perftest's --output: a number, six decimals, alone.
+var outputLine = regexp.MustCompile(`(?m)^[0-9]+\.[0-9]{6}$`)
 
 // latSampledLine is a latency test's result line for a run of a duration:
 // size, count, average latency, transactions a second.
@@ -52,6 +56,18 @@ func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
 		gflags, pflags = c.server, c.client
 	}
 	client, server := s.perftestBoth(ctx, t, c.test, gowarpServes, gflags, pflags)
+	if slices.ContainsFunc(c.client, func(f string) bool { return strings.HasPrefix(f, "--output=") }) {
+		// One number each, the client's average: the server prints it too.
+		mine, theirs := outputLine.FindAllString(client, -1), outputLine.FindAllString(server, -1)
+		if len(mine) != 1 || !slices.Equal(mine, theirs) {
+			t.Errorf("--output: the client printed %q, the server %q; want one number, the same:\n%s\n%s", mine, theirs, client, server)
+		}
+		if strings.Contains(client, "BW average") || strings.Contains(server, "BW average") {
+			t.Errorf("--output: a table was printed too:\n%s\n%s", client, server)
+		}
+		detail = fmt.Sprintf("both printed %q only", mine)
+		return
+	}
 	if strings.HasSuffix(c.test, "_lat") {
 		detail = latFlags(t, c, client, server)
 		return
