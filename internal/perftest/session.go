@@ -169,6 +169,9 @@ func (s *session) checkDuplex(ctx context.Context) error {
 	// not before. A bidirectional client sends nothing until this side
 	// answers, so the wait costs a genuine -b run its length once, and
 	// sees traffic only from a client without -b.
+	if s.o.Test != WriteBW && s.o.Test != ReadBW {
+		return nil
+	}
 	wait := time.Second
 	if s.o.Duplex {
 		wait = duplexWait
@@ -189,8 +192,6 @@ func (s *session) checkDuplex(ctx context.Context) error {
 			case <-tick.C:
 			}
 		}
-	default:
-		return nil
 	}
 	switch {
 	case ctx.Err() != nil:
@@ -244,25 +245,18 @@ func (s *session) act(ctx context.Context, st Step) error {
 		return nil
 	case ActTraffic:
 		o := s.o
-		if o.Duplex && o.All {
-			// One size a round, both sides, reported after it.
-			sizes := sizesOf(o)
-			so := *o
-			so.Size, so.All = sizes[min(s.rounds, len(sizes)-1)], false
-			s.rounds++
-			if err := s.d.run(ctx, &so, s.server, s.r.RemoteDests, s.r); err != nil {
-				return allHint(o, so.Size, fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, so.Size, err))
-			}
-			s.r.Sizes = append(s.r.Sizes, s.r.Local)
-			return nil
-		}
-		if (o.Test == SendLat || o.Test == SendBW) && o.All {
-			// One size a round: the one its receives were posted for.
+		if o.All && (o.Duplex || o.Test == SendLat || o.Test == SendBW) {
+			// One size a round (ScriptFor): a send test's, the one its
+			// receives were posted for; a bidirectional run's, the next.
 			so := *o
 			so.Size, so.All = s.d.size, false
-			o = &so
-			if err := s.d.run(ctx, o, s.server, s.r.RemoteDests, s.r); err != nil {
-				return allHint(s.o, o.Size, fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, o.Size, err))
+			if o.Duplex {
+				sizes := sizesOf(o)
+				so.Size = sizes[min(s.rounds, len(sizes)-1)]
+				s.rounds++
+			}
+			if err := s.d.run(ctx, &so, s.server, s.r.RemoteDests, s.r); err != nil {
+				return allHint(o, so.Size, fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, so.Size, err))
 			}
 			if o.Test == SendLat {
 				s.r.LatSizes = append(s.r.LatSizes, s.r.Lat)

@@ -107,15 +107,10 @@ func (r *Result) WriteTable(w io.Writer, o *Options) {
 		// perftest picks six decimals by this side's own average,
 		// before it adds the peer's (siw's ib_write_bw -b -q 4
 		// --report_gbits printed 0.361633 for 0.04 of its own).
-		if len(r.Sizes) > 0 && len(r.RemoteSizes) == len(r.Sizes) {
-			for i := range r.Sizes {
-				sum := addReports(r.Sizes[i], r.RemoteSizes[i])
-				fmt.Fprintln(w, sum.line(o.Gbits && r.Sizes[i].BWAvg < 0.1))
-			}
-			break
+		own, sums := r.duplexLines()
+		for i := range sums {
+			fmt.Fprintln(w, sums[i].line(o.Gbits && own[i].BWAvg < 0.1))
 		}
-		sum := r.Duplex()
-		fmt.Fprintln(w, sum.line(o.Gbits && r.Local.BWAvg < 0.1))
 	case r.Server && r.Test != SendBW:
 		// perftest's write_bw and read_bw servers print the client's report.
 		fmt.Fprintln(w, resultHeader(o.Gbits))
@@ -167,12 +162,8 @@ func (r *Result) WriteOutput(w io.Writer, o *Options) {
 	}
 	var reps []Report
 	switch {
-	case o.Duplex && len(r.Sizes) > 0 && len(r.RemoteSizes) == len(r.Sizes):
-		for i := range r.Sizes {
-			reps = append(reps, addReports(r.Sizes[i], r.RemoteSizes[i]))
-		}
 	case o.Duplex:
-		reps = []Report{r.Duplex()}
+		_, reps = r.duplexLines()
 	case r.Server && r.Test != SendBW:
 		reps = []Report{r.Remote}
 	case len(r.Sizes) > 0:
@@ -193,6 +184,19 @@ func (r *Result) WriteOutput(w io.Writer, o *Options) {
 // print_full_bw_report with both reports): this side's size and count,
 // and both sides' figures added.
 func (r *Result) Duplex() Report { return addReports(r.Local, r.Remote) }
+
+// duplexLines returns what a bidirectional run's lines show: this side's
+// report of each size (one without --all) and the sum with the peer's.
+func (r *Result) duplexLines() (own, sums []Report) {
+	if len(r.Sizes) == 0 || len(r.RemoteSizes) != len(r.Sizes) {
+		return []Report{r.Local}, []Report{r.Duplex()}
+	}
+	sums = make([]Report, len(r.Sizes))
+	for i := range r.Sizes {
+		sums[i] = addReports(r.Sizes[i], r.RemoteSizes[i])
+	}
+	return r.Sizes, sums
+}
 
 // addReports is local with remote's figures added to its own.
 func addReports(local, remote Report) Report {
@@ -248,11 +252,10 @@ func (r *Result) JSON(o *Options) map[string]any {
 			out[k] = v
 		}
 		out["local_report"], out["peer_report"] = bw(&r.Local), bw(&r.Remote)
-		if len(r.Sizes) > 0 && len(r.RemoteSizes) == len(r.Sizes) {
-			sizes := make([]map[string]any, len(r.Sizes))
-			for i := range r.Sizes {
-				sum := addReports(r.Sizes[i], r.RemoteSizes[i])
-				sizes[i] = bw(&sum)
+		if _, sums := r.duplexLines(); len(r.RemoteSizes) > 0 {
+			sizes := make([]map[string]any, len(sums))
+			for i := range sums {
+				sizes[i] = bw(&sums[i])
 			}
 			out["sizes"] = sizes
 		}
