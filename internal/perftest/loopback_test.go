@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -582,6 +583,31 @@ func TestWriteOutput(t *testing.T) {
 		c.r.WriteOutput(&w, &c.o)
 		if w.String() != c.want {
 			t.Errorf("%s: %q, want %q", c.name, w.String(), c.want)
+		}
+	}
+}
+
+// TestAllHint: the --all hint is for a peer that went at the second size
+// or refused a larger size's access, not for one killed later (a -b
+// --all server whose client was killed at 4 MiB had blamed --all).
+func TestAllHint(t *testing.T) {
+	all := &Options{All: true}
+	for _, c := range []struct {
+		o    *Options
+		size int
+		err  error
+		hint bool
+	}{
+		{all, 4, gowarp.ErrPeerClosed, true},
+		{all, 4, gowarp.ErrLinkLost, true},
+		{all, 4 << 20, gowarp.ErrLinkLost, false},
+		{all, 2, gowarp.ErrPeerClosed, false},
+		{all, 16384, gowarp.ErrPeerTerminated, true},
+		{&Options{}, 4, gowarp.ErrPeerClosed, false},
+	} {
+		err := allHint(c.o, c.size, c.err)
+		if hint := strings.Contains(err.Error(), "give both sides --all"); hint != c.hint || !errors.Is(err, c.err) {
+			t.Errorf("all %v, %d B, %v: %v; want the hint %v", c.o.All, c.size, c.err, err, c.hint)
 		}
 	}
 }

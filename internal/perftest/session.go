@@ -146,12 +146,17 @@ func (s *session) run(ctx context.Context) error {
 	return nil
 }
 
-// allHint names the likely cause of a run of all sizes whose peer went,
-// or refused its access, after the first size: it runs one size, given no
-// --all (its buffer too is for one). The exchange of one size is a prefix
-// of the exchange of all, so neither side sees it before the traffic.
+// allHint names the likely cause of a run of all sizes whose peer went at
+// the second size, or refused an access beyond its buffer after the
+// first: it runs one size, given no --all, with a buffer for one. The
+// exchange of one size is a prefix of the exchange of all, so neither
+// side sees it before the traffic. A peer killed later is only that.
 func allHint(o *Options, size int, err error) error {
-	if o.All && size > 2 && (errors.Is(err, gowarp.ErrPeerClosed) || errors.Is(err, gowarp.ErrLinkLost) || errors.Is(err, gowarp.ErrPeerTerminated)) {
+	if !o.All {
+		return err
+	}
+	gone := size == 4 && (errors.Is(err, gowarp.ErrPeerClosed) || errors.Is(err, gowarp.ErrLinkLost))
+	if gone || size > 2 && errors.Is(err, gowarp.ErrPeerTerminated) {
 		return fmt.Errorf("%w (the peer may run one size only: give both sides --all, perftest's -a, or neither)", err)
 	}
 	return err
