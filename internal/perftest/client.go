@@ -265,7 +265,7 @@ func Run(ctx context.Context, dev *gowarp.Device, o Options) (*Result, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	s := &session{o: &o, dev: dev, pd: dev.AllocPD(), r: &Result{Test: o.Test}}
+	s := &session{o: &o, dev: dev, pd: dev.AllocPD(), r: &Result{Test: o.Test}, t0: time.Now()}
 	var err error
 	if s.c, err = dialControl(ctx, dev, s.pd, s.r, &o); err != nil {
 		return nil, err
@@ -304,7 +304,7 @@ func Serve(ctx context.Context, dev *gowarp.Device, ln *gowarp.Listener, o Optio
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	s := &session{o: &o, server: true, dev: dev, pd: dev.AllocPD(), ln: ln, r: &Result{Test: o.Test, Server: true}}
+	s := &session{o: &o, server: true, dev: dev, pd: dev.AllocPD(), ln: ln, r: &Result{Test: o.Test, Server: true}, t0: time.Now()}
 	s.r.Local = Report{Size: uint64(o.Size), Iters: uint64(o.Iters)}
 	var err error
 	if s.c, err = newControl(dev, s.pd, s.r, true); err != nil {

@@ -113,8 +113,19 @@ func TestLoopbackAll(t *testing.T) {
 	for _, test := range []Test{WriteBW, ReadBW, SendBW} {
 		t.Run(string(test), func(t *testing.T) {
 			o := Options{Test: test, Iters: 5, All: true, RxDepth: 2, Connect: gowarp.ConnectOptions{NoP2P: true}}
-			c, s := pair(t, o)
+			var clog strings.Builder
+			co := o
+			co.Log = &clog
+			c, cerr, s, serr := runPair(t, o, co, nil)
+			if cerr != nil || serr != nil {
+				t.Fatalf("client: %v; server: %v", cerr, serr)
+			}
 			if test == SendBW {
+				// Every size's credit Writes landed before the next
+				// (creditsOver), and the log says each size's run.
+				if strings.Contains(clog.String(), "credit Writes landed") || strings.Count(clog.String(), "running send_bw") != 23 {
+					t.Errorf("the client's log:\n%s", clog.String())
+				}
 				for i := range 23 {
 					if len(s.Sizes) != 23 || s.Sizes[i].Size != 2<<i || s.Sizes[i].Iters != 5 || s.Sizes[i].BWAvg <= 0 {
 						t.Fatalf("the server's reports %+v, want 23 sizes measured", s.Sizes)

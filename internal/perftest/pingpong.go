@@ -268,10 +268,17 @@ func creditEvery(o *Options) int { return max(1, o.RxDepth/3) }
 // region's placed count says so), so that none lands after: the server
 // Writes one every creditEvery receives. A server that Writes fewer (other
 // receive depths) is given a moment, and the word is cleared anyway.
-func (d *data) creditsOver(ctx context.Context, o *Options) {
-	d.credited += o.Iters / creditEvery(o)
+// It returns how many of the last size's credit Writes landed, and how
+// many were awaited.
+func (d *data) creditsOver(ctx context.Context, o *Options) (landed, want int) {
+	want = o.Iters / creditEvery(o)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	d.credit.WaitPlaced(wctx, uint64(4*d.credited))
+	d.credit.WaitPlaced(wctx, uint64(4*(d.credited+want)))
 	d.words[1] = 0
+	// Counted from what landed, so that a size short of its Writes does
+	// not make every later one wait for them.
+	now := int(d.credit.Placed() / 4)
+	landed, d.credited = now-d.credited, now
+	return landed, want
 }

@@ -28,12 +28,15 @@ type session struct {
 	// A server's watch for connections beyond its data connections (see
 	// watchExtra): the context that bounds it, and the count it sends.
 	watch context.Context
+	t0    time.Time // the session's start, for its log's times
 	extra <-chan int
 }
 
+// logf logs a step, with the time since the session began: a run that
+// stalls says where and for how long.
 func (s *session) logf(format string, args ...any) {
 	if s.o.Log != nil {
-		fmt.Fprintf(s.o.Log, format+"\n", args...)
+		fmt.Fprintf(s.o.Log, "%8.3fs "+format+"\n", append([]any{time.Since(s.t0).Seconds()}, args...)...)
 	}
 }
 
@@ -108,6 +111,7 @@ func (s *session) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("perftest: %v exchange: %w", st, err)
 		}
+		s.logf("%v exchanged", st)
 		switch st {
 		case StepCycle:
 			// Both sides take the larger (perftest's check_sys_data).
@@ -241,7 +245,9 @@ func (s *session) act(ctx context.Context, st Step) error {
 			s.d.size = sizes[min(s.rounds, len(sizes)-1)]
 			s.rounds++
 			if s.o.Test == SendBW && !s.server && s.rounds > 1 {
-				s.d.creditsOver(ctx, s.o)
+				if landed, want := s.d.creditsOver(ctx, s.o); landed < want {
+					s.logf("%d of the last size's %d credit Writes landed; going on", landed, want)
+				}
 			}
 		}
 		if s.server || s.o.Test == SendLat {
@@ -260,6 +266,7 @@ func (s *session) act(ctx context.Context, st Step) error {
 				so.Size = sizes[min(s.rounds, len(sizes)-1)]
 				s.rounds++
 			}
+			s.logf("running %v: %d × %d B", o.Test, o.Iters, so.Size)
 			if err := s.d.run(ctx, &so, s.server, s.r.RemoteDests, s.r); err != nil {
 				return allHint(o, so.Size, fmt.Errorf("perftest: %s traffic, %d B: %w", o.Test, so.Size, err))
 			}
@@ -271,6 +278,9 @@ func (s *session) act(ctx context.Context, st Step) error {
 			return nil
 		}
 		switch {
+		case s.server && !s.o.Duplex && (s.o.Test == WriteBW || s.o.Test == ReadBW):
+			s.logf("the client runs %v; its handshake comes after", s.o.Test)
+			return nil
 		case s.o.Duration != 0 && !s.server:
 			s.logf("running %v: %d B for %v on %d queue pairs", s.o.Test, s.o.Size, s.o.Duration, s.o.QPs)
 		default:
