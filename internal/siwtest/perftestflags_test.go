@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // flagCase is a bandwidth run with perftest's -q, -D or --report_gbits:
@@ -48,14 +47,13 @@ var latSampledLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0
 // (-n × -q) and is in the client's unit; with -b both print the two
 // sides' reports added.
 func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
-	ctx := ctxFor(t, 4*time.Minute)
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
 	gflags, pflags := c.client, c.server
 	if gowarpServes {
 		gflags, pflags = c.server, c.client
 	}
-	client, server := s.perftestBoth(ctx, t, c.test, gowarpServes, gflags, pflags)
+	client, server := s.perftestBoth(t, c.test, gowarpServes, gflags, pflags)
 	if slices.ContainsFunc(c.client, func(f string) bool { return strings.HasPrefix(f, "--output=") }) {
 		// One number each, the client's average: the server prints it too.
 		mine, theirs := outputLine.FindAllString(client, -1), outputLine.FindAllString(server, -1)

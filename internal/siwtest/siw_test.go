@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gowarp/gowarp"
+	"github.com/gowarp/gowarp/internal/guest"
 	"github.com/gowarp/gowarp/internal/rping"
 	"github.com/gowarp/gowarp/wire"
 )
@@ -56,23 +58,23 @@ func TestSIW(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gowarp/gowarp/cmd/gowarp").CombinedOutput(); err != nil {
 		t.Fatalf("building gowarp: %v\n%s", err, out)
 	}
-	v := startVM(t, siwvm)
+	sum := &summary{}
+	s := &suite{v: startVM(t, siwvm), bin: bin, sum: sum, im: siwvm, top: t}
 	defer func() {
-		v.stop()
-		if t.Failed() {
-			t.Logf("guest run directory kept for a look: %s (console.log, share/jobs/N.{sh,out,err,rc}, share/dmesg.txt)", v.dir)
-		} else if !v.attached {
-			os.RemoveAll(v.dir)
+		// s.v: the guest may have been restarted (restartGuest).
+		s.v.stop()
+		if t.Failed() || s.restarts > 0 {
+			t.Logf("guest run directory kept for a look: %s (console.log, share/jobs/N.{sh,out,err,rc}, share/dmesg.txt)", s.v.dir)
+		} else if !s.v.attached {
+			os.RemoveAll(s.v.dir)
 		}
 	}()
-	sum := &summary{}
 	defer func() {
 		t.Logf("suite took %v\n%s", time.Since(t0).Round(time.Second), sum)
 		if p := os.Getenv("GOWARP_SIWVM_REPORT"); p != "" {
 			os.WriteFile(p, []byte(fmt.Sprintf("suite time %v\n\n%s", time.Since(t0).Round(time.Second), sum)), 0o644)
 		}
 	}()
-	s := &suite{v: v, bin: bin, sum: sum}
 
 	// gowarp ping -c against rping -s in the guest.
 	for _, c := range []pingCase{
@@ -192,6 +194,11 @@ type suite struct {
 	v   *vm
 	bin string
 	sum *summary
+	// For restartGuest: the image, and the suite's own test, whose life
+	// the guest's log lines may outlast a scenario's.
+	im       *guest.Image
+	top      *testing.T
+	restarts int
 }
 
 type pingCase struct {
@@ -407,34 +414,12 @@ var reportLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]
 // receive path (docs/interop.md §11), is run once more; every other
 // failure counts.
 func (s *suite) perftest(t *testing.T, c perfCase) {
-	ctx := ctxFor(t, 4*time.Minute)
 	if c.size == 0 {
 		c.size = 65536
 	}
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
-	for attempt := 1; ; attempt++ {
-		seen := 0
-		if c.test == "send_bw" {
-			seen = s.siwMOMiscounts(ctx)
-		}
-		d, problems := s.perftestOnce(ctx, t, c)
-		detail = d
-		if len(problems) == 0 {
-			if attempt > 1 {
-				detail += " (second run; the first hit siw's MO miscount, docs/interop.md §11)"
-			}
-			return
-		}
-		if attempt == 1 && c.test == "send_bw" && s.siwMOMiscounts(ctx) > seen {
-			t.Logf("siw miscounted a Send's FPDU (dmesg: send mo: N != N-k, docs/interop.md §11); running the scenario once more. First run:\n%s", strings.Join(problems, "\n"))
-			continue
-		}
-		for _, p := range problems {
-			t.Error(p)
-		}
-		return
-	}
+	detail = s.withRetry(t, c.test == "send_bw", func(ctx context.Context) (string, []string) { return s.perftestOnce(ctx, t, c) })
 }
 
 // moMiscount matches siw's complaint when it has taken 1 to 3 bytes of a
@@ -444,7 +429,9 @@ var moMiscount = regexp.MustCompile(`send mo: (\d+) != (\d+)`)
 
 // siwMOMiscounts counts siw's "send mo: N != N-k" lines, 1 ≤ k ≤ 3, in the
 // guest's log.
-func (s *suite) siwMOMiscounts(ctx context.Context) int {
+func (s *suite) siwMOMiscounts() int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	n := 0
 	for _, m := range moMiscount.FindAllStringSubmatch(s.v.dmesg(ctx, "send mo: "), -1) {
 		a, _ := strconv.Atoi(m[1])
@@ -459,24 +446,11 @@ func (s *suite) siwMOMiscounts(ctx context.Context) int {
 // hostClientGuestServer runs ib_<test> -R in the guest as the server and
 // gowarp perftest on the host as its client, and returns what each
 // printed; a failure of either goes to fail.
-func (s *suite) hostClientGuestServer(ctx context.Context, t *testing.T, c perfCase, fail func(format string, a ...any)) (string, string) {
-	job, err := s.v.server(ctx, guestPerftestPort, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d", c.test, guestPerftestPort, c.iters, c.size), 3*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := append([]string{"perftest", "-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
-	args = append(args, c.test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))
-	h, err := startHost(ctx, s.bin, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := h.wait(ctx)
-	if err != nil {
-		fail("gowarp perftest: %v\n%s", err, out)
-	}
-	rc, gout, err := job.wait(ctx)
-	if err != nil || rc != 0 {
-		fail("guest ib_%s: rc %d, %v\n%s", c.test, rc, err, gout)
+func (s *suite) hostClientGuestServer(ctx context.Context, c perfCase, fail func(format string, a ...any)) (string, string) {
+	sized := []string{"-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}
+	out, gout, problems := s.perftestBothOnce(ctx, c.test, false, slices.Concat(sized, c.flags), sized)
+	for _, p := range problems {
+		fail("%s", p)
 	}
 	return out, gout
 }
@@ -485,7 +459,7 @@ func (s *suite) hostClientGuestServer(ctx context.Context, t *testing.T, c perfC
 // what went wrong, if anything.
 func (s *suite) perftestOnce(ctx context.Context, t *testing.T, c perfCase) (detail string, problems []string) {
 	fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
-	out, gout := s.hostClientGuestServer(ctx, t, c, fail)
+	out, gout := s.hostClientGuestServer(ctx, c, fail)
 	mine, theirs := reportLine.FindStringSubmatch(out), reportLine.FindStringSubmatch(gout)
 	if mine == nil || theirs == nil {
 		fail("no result line:\ngowarp:\n%s\nguest:\n%s", out, gout)

@@ -1,0 +1,39 @@
+package siwtest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// guestAlive reports whether the guest's network still carries a
+// connection to the host: a TCP connect to the guest-forward address,
+// which QEMU's user network answers itself (the forward's helper may find
+// no host server; the connect has succeeded by then). It runs as a job,
+// which needs no network.
+func (s *suite) guestAlive() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rc, _, err := s.v.run(ctx, fmt.Sprintf("timeout 10 bash -c 'exec 3<>/dev/tcp/%s/%d'", hostFromGuest, guestServePort), 30*time.Second)
+	return err == nil && rc == 0
+}
+
+// restartGuest powers the guest off and boots it again, for a scenario to
+// run once more on a guest whose network had stopped: under TCG the
+// guest's network has stopped for good in the middle of a run now and
+// then (the guest's ARP entry for the host address left INCOMPLETE, no
+// new connection either way, siw and the kernel logging nothing), and
+// every scenario after it failed. The old run directory is kept.
+func (s *suite) restartGuest(t *testing.T, why string) {
+	// What the guest's network looked like: the NIC's counters 3 s
+	// apart (transmit frozen, when it was seen), its neighbours, its
+	// sockets.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, state, _ := s.v.run(ctx, "grep eth0 /proc/net/dev; sleep 3; grep eth0 /proc/net/dev; ip neigh; ss -tn", 30*time.Second)
+	t.Logf("the guest's network stopped (%s); its run directory is kept: %s. Booting the guest again. Its network:\n%s", why, s.v.dir, state)
+	s.v.stop()
+	s.restarts++
+	s.v = startVM(s.top, s.im)
+}
