@@ -159,7 +159,10 @@ func (s *suite) perftestBothOnce(ctx context.Context, test string, gowarpServes 
 		fail("%v", err)
 		return "", "", problems
 	}
-	args := append([]string{"perftest"}, gflags...)
+	// gowarp's client logs its steps, timed, so that a run that stalls
+	// says where (a send_bw --all client against siw's server stalled
+	// once in CI, 2026-12-07, with nothing to say why).
+	args := append([]string{"perftest", "-v"}, gflags...)
 	h, err := startHost(ctx, s.bin, append(args, test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))...)
 	if err != nil {
 		fail("%v", err)
