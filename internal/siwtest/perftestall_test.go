@@ -21,14 +21,14 @@ import (
 // print, for each, their own count and both ways' figures added.
 func (s *suite) perftestAll(t *testing.T, test string, gowarpServes, duplex bool) {
 	const n = 5
-	var detail string
-	defer func() { s.sum.add(t, t.Name(), detail) }()
+	var detail, note string
+	defer func() { s.sum.add(t, t.Name(), detail+note) }()
 	nf := strconv.Itoa(n)
 	gflags, pflags := []string{"--all", "-n", nf}, []string{"-a", "-n", nf}
 	if duplex {
 		gflags, pflags = append(gflags, "-b"), append(pflags, "-b")
 	}
-	client, server := s.perftestBoth(t, test, gowarpServes, gflags, pflags)
+	client, server, note := s.perftestBoth(t, test, gowarpServes, gflags, pflags)
 	if strings.HasSuffix(test, "_lat") {
 		// Both sides of write_lat and send_lat measure every size; the
 		// read_lat server nothing.
@@ -108,16 +108,18 @@ var latLineAny = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+|inf)\s+([0
 // gowarpServes), and returns what the client and the server printed; a
 // side that fails fails t, saying what it printed. A run in which gowarp
 // Sends to siw (send_lat; send_bw's client) that fails while siw
-// miscounts a Send's FPDU, its bug (docs/interop.md §11), runs once more.
-func (s *suite) perftestBoth(t *testing.T, test string, gowarpServes bool, gflags, pflags []string) (client, server string) {
+// miscounts a Send's FPDU, its bug (docs/interop.md §11), or on a guest
+// whose network stopped (§13), runs again (withRetry); note says so, for
+// the scenario's summary line.
+func (s *suite) perftestBoth(t *testing.T, test string, gowarpServes bool, gflags, pflags []string) (client, server, note string) {
 	t.Helper()
 	sendsToSiw := test == "send_lat" || test == "send_bw" && !gowarpServes
-	s.withRetry(t, sendsToSiw, func(ctx context.Context) (string, []string) {
+	note = s.withRetry(t, sendsToSiw, func(ctx context.Context) (string, []string) {
 		var problems []string
 		client, server, problems = s.perftestBothOnce(ctx, test, gowarpServes, gflags, pflags)
 		return "", problems
 	})
-	return client, server
+	return client, server, note
 }
 
 // guestJobLimit bounds a perftest run in the guest: the longest passes in

@@ -47,13 +47,13 @@ var latSampledLine = regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0
 // (-n × -q) and is in the client's unit; with -b both print the two
 // sides' reports added.
 func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
-	var detail string
-	defer func() { s.sum.add(t, t.Name(), detail) }()
+	var detail, note string
+	defer func() { s.sum.add(t, t.Name(), detail+note) }()
 	gflags, pflags := c.client, c.server
 	if gowarpServes {
 		gflags, pflags = c.server, c.client
 	}
-	client, server := s.perftestBoth(t, c.test, gowarpServes, gflags, pflags)
+	client, server, note := s.perftestBoth(t, c.test, gowarpServes, gflags, pflags)
 	if slices.ContainsFunc(c.client, func(f string) bool { return strings.HasPrefix(f, "--output=") }) {
 		// One number each, the client's average: the server prints it too.
 		mine, theirs := outputLine.FindAllString(client, -1), outputLine.FindAllString(server, -1)
