@@ -252,7 +252,7 @@ func (r *Result) JSON(o *Options) map[string]any {
 			out[k] = v
 		}
 		out["local_report"], out["peer_report"] = bw(&r.Local), bw(&r.Remote)
-		if _, sums := r.duplexLines(); len(r.RemoteSizes) > 0 {
+		if _, sums := r.duplexLines(); len(r.RemoteSizes) > 0 && len(sums) == len(r.RemoteSizes) {
 			sizes := make([]map[string]any, len(sums))
 			for i := range sums {
 				sizes[i] = bw(&sums[i])

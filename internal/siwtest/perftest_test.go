@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,7 +63,7 @@ func (s *suite) withRetry(t *testing.T, sendsToSiw bool, once func(ctx context.C
 			continue
 		case !miscounted && restarts < 2 && !s.guestAlive():
 			t.Logf("run %d:\n%s", restarts+1, strings.Join(problems, "\n"))
-			s.restartGuest(t, "no connection from the guest to the host after a failed run")
+			s.restartGuest(t)
 			restarts++
 			note = fmt.Sprintf(" (run %d, on a guest booted again: its network had stopped before, docs/interop.md §13)", restarts+1)
 			continue
@@ -148,7 +149,7 @@ func (s *suite) perftestLatClient(t *testing.T, c perfCase) {
 // its client, for every test.
 func (s *suite) perftestServer(t *testing.T, c perfCase) {
 	s.retriedRun(t, c, func(ctx context.Context, c perfCase) (string, []string) {
-		detail, problems, busy := s.perftestServerOnce(ctx, t, c)
+		detail, problems, busy := s.perftestServerOnce(ctx, c)
 		if busy {
 			// The guest's rdma_cm could not bind a local port for its
 			// connect (EADDRNOTAVAIL), so nothing reached gowarp: the
@@ -156,7 +157,7 @@ func (s *suite) perftestServer(t *testing.T, c perfCase) {
 			// rdma_client and rping (seen once here, send_bw, 2026-12-05).
 			// Once more, and said.
 			t.Logf("guest ib_%s could not connect (rdma_connect failed in the guest, nothing reached gowarp); once more. First run:\n%s", c.test, strings.Join(problems, "\n"))
-			detail, problems, _ = s.perftestServerOnce(ctx, t, c)
+			detail, problems, _ = s.perftestServerOnce(ctx, c)
 			detail += " (second run: the guest's connect failed the first time)"
 		}
 		return detail, problems
@@ -167,38 +168,16 @@ func (s *suite) perftestServer(t *testing.T, c perfCase) {
 // the guest once. busy reports the guest's connect failing before anything
 // reached gowarp: for want of a local address (EADDRNOTAVAIL), or with
 // gowarp still waiting for the connection 15 s after the client gave up.
-func (s *suite) perftestServerOnce(ctx context.Context, t *testing.T, c perfCase) (detail string, problems []string, busy bool) {
+func (s *suite) perftestServerOnce(ctx context.Context, c perfCase) (detail string, problems []string, busy bool) {
 	fail := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
-	args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve),
-		"-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}, c.flags...)
-	h, err := startHost(ctx, s.bin, append(args, c.test)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !waitListen(ctx, s.v.serve, 30*time.Second) {
-		t.Errorf("the host server does not listen on port %d after 30 s", s.v.serve)
-	}
-	rc, gout, err := s.v.run(ctx, fmt.Sprintf("ib_%s -R -d siw0 -p %d -F -n %d -s %d %s %s",
-		c.test, guestServePort, c.iters, c.size, hostFromGuest, stderr), 3*time.Minute)
-	wctx := ctx
-	if err != nil || rc != 0 {
-		fail("guest ib_%s client: rc %d, %v\n%s", c.test, rc, err, tail([]byte(gout), 3000))
-		// Nothing more comes to the host server: a client whose
-		// rdma_connect failed left it in Accept, and the suite waited
-		// there until its own timeout (2026-12-06, read_lat). A bounded
-		// wait, then it is killed.
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, 15*time.Second)
-		defer cancel()
-	}
-	out, err := h.wait(wctx)
-	if err != nil {
-		fail("gowarp perftest server: %v\n%s", err, tail([]byte(out), 3000))
-	}
+	sized := []string{"-n", strconv.Itoa(c.iters), "-s", strconv.Itoa(c.size)}
+	r := s.hostServerGuestClient(ctx, c.test, slices.Concat(sized, c.flags), sized)
+	problems = r.problems
+	out, gout := r.out, r.gout
 	// Nothing reached gowarp when the guest's connect failed for want of
 	// a local address, or failed and left gowarp still waiting for it.
-	stillWaiting := ctx.Err() == nil && wctx.Err() != nil && strings.Contains(gout, "rdma_connect failed")
-	busy = guestAddrBusy(rc, gout) && strings.Contains(out, "data connection: context deadline exceeded") || stillWaiting
+	stillWaiting := r.abandoned && strings.Contains(gout, "rdma_connect failed")
+	busy = guestAddrBusy(r.rc, gout) && strings.Contains(out, "data connection: context deadline exceeded") || stillWaiting
 	if c.lat() {
 		mine, theirs := latLine.FindStringSubmatch(out), latLine.FindStringSubmatch(gout)
 		if c.test == "read_lat" {

@@ -130,38 +130,12 @@ const guestJobLimit = 90 * time.Second
 // perftestBothOnce is one run of perftestBoth: what the client and the
 // server printed, and what went wrong.
 func (s *suite) perftestBothOnce(ctx context.Context, test string, gowarpServes bool, gflags, pflags []string) (client, server string, problems []string) {
-	perftest := func(args ...string) string {
-		return fmt.Sprintf("ib_%s -R -d siw0 -F %s", test, strings.Join(slices.Concat(pflags, args), " "))
-	}
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	var out, gout string
 	if gowarpServes {
-		args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve)}, gflags...)
-		h, err := startHost(ctx, s.bin, append(args, test)...)
-		if err != nil {
-			fail("%v", err)
-			return "", "", problems
-		}
-		if !waitListen(ctx, s.v.serve, 30*time.Second) {
-			fail("the host server does not listen on port %d after 30 s", s.v.serve)
-		}
-		rc, o, err := s.v.run(ctx, perftest("-p", strconv.Itoa(guestServePort), hostFromGuest, stderr), guestJobLimit)
-		gout = o
-		wctx := ctx
-		if err != nil || rc != 0 {
-			fail("guest ib_%s %v: rc %d, %v\n%s", test, pflags, rc, err, tail([]byte(gout), 3000))
-			// The host server may wait for a client that is gone: a
-			// bounded wait, then it is killed (see perftestServerOnce).
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(ctx, 15*time.Second)
-			defer cancel()
-		}
-		if out, err = h.wait(wctx); err != nil {
-			fail("gowarp perftest %v server: %v\n%s", gflags, err, tail([]byte(out), 3000))
-		}
-		return gout, out, problems
+		r := s.hostServerGuestClient(ctx, test, gflags, pflags)
+		return r.gout, r.out, r.problems
 	}
-	job, err := s.v.server(ctx, guestPerftestPort, perftest("-p", strconv.Itoa(guestPerftestPort)), guestJobLimit)
+	job, err := s.v.server(ctx, guestPerftestPort, guestPerftest(test, pflags, "-p", strconv.Itoa(guestPerftestPort)), guestJobLimit)
 	if err != nil {
 		fail("%v", err)
 		return "", "", problems
@@ -175,13 +149,61 @@ func (s *suite) perftestBothOnce(ctx context.Context, test string, gowarpServes 
 		fail("%v", err)
 		return "", "", problems
 	}
-	if out, err = h.wait(ctx); err != nil {
+	out, err := h.wait(ctx)
+	if err != nil {
 		fail("gowarp perftest %v: %v\n%s", gflags, err, tail([]byte(out), 3000))
 	}
-	rc, o, err := job.wait(ctx)
-	gout = o
+	rc, gout, err := job.wait(ctx)
 	if err != nil || rc != 0 {
 		fail("guest ib_%s %v server: rc %d, %v\n%s", test, pflags, rc, err, tail([]byte(gout), 3000))
 	}
 	return out, gout, problems
+}
+
+// guestPerftest is the guest's command line of ib_<test> with flags and
+// args.
+func guestPerftest(test string, flags []string, args ...string) string {
+	return fmt.Sprintf("ib_%s -R -d siw0 -F %s", test, strings.Join(slices.Concat(flags, args), " "))
+}
+
+// hostServerRun is one run of gowarp perftest serving siw's client.
+type hostServerRun struct {
+	out, gout string // what gowarp and the guest printed
+	rc        int    // the guest client's exit status
+	// abandoned: the guest's client failed and gowarp, still running
+	// 15 s later, was killed.
+	abandoned bool
+	problems  []string
+}
+
+// hostServerGuestClient runs gowarp perftest on the host with gflags as
+// the server of ib_<test> -R in the guest with pflags.
+func (s *suite) hostServerGuestClient(ctx context.Context, test string, gflags, pflags []string) (r hostServerRun) {
+	fail := func(format string, args ...any) { r.problems = append(r.problems, fmt.Sprintf(format, args...)) }
+	args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve)}, gflags...)
+	h, err := startHost(ctx, s.bin, append(args, test)...)
+	if err != nil {
+		fail("%v", err)
+		return r
+	}
+	if !waitListen(ctx, s.v.serve, 30*time.Second) {
+		fail("the host server does not listen on port %d after 30 s", s.v.serve)
+	}
+	r.rc, r.gout, err = s.v.run(ctx, guestPerftest(test, pflags, "-p", strconv.Itoa(guestServePort), hostFromGuest, stderr), guestJobLimit)
+	wctx := ctx
+	if err != nil || r.rc != 0 {
+		fail("guest ib_%s %v client: rc %d, %v\n%s", test, pflags, r.rc, err, tail([]byte(r.gout), 3000))
+		// Nothing more comes to the host server: a client whose
+		// rdma_connect failed left it in Accept, and the suite waited
+		// there until its own timeout (2026-12-06, read_lat). A bounded
+		// wait, then it is killed.
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+	}
+	if r.out, err = h.wait(wctx); err != nil {
+		fail("gowarp perftest %v server: %v\n%s", gflags, err, tail([]byte(r.out), 3000))
+	}
+	r.abandoned = ctx.Err() == nil && wctx.Err() != nil
+	return r
 }

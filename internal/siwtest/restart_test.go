@@ -25,14 +25,14 @@ func (s *suite) guestAlive() bool {
 // then (the guest's ARP entry for the host address left INCOMPLETE, no
 // new connection either way, siw and the kernel logging nothing), and
 // every scenario after it failed. The old run directory is kept.
-func (s *suite) restartGuest(t *testing.T, why string) {
+func (s *suite) restartGuest(t *testing.T) {
 	// What the guest's network looked like: the NIC's counters 3 s
 	// apart (transmit frozen, when it was seen), its neighbours, its
 	// sockets.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, state, _ := s.v.run(ctx, "grep eth0 /proc/net/dev; sleep 3; grep eth0 /proc/net/dev; ip neigh; ss -tn", 30*time.Second)
-	t.Logf("the guest's network stopped (%s); its run directory is kept: %s. Booting the guest again. Its network:\n%s", why, s.v.dir, state)
+	t.Logf("the guest's network stopped (no connection from the guest to the host after a failed run); its run directory is kept: %s. Booting the guest again. Its network:\n%s", s.v.dir, state)
 	s.v.stop()
 	s.restarts++
 	s.v = startVM(s.top, s.im)
