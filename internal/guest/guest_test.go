@@ -56,20 +56,31 @@ func TestGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("image in %s:\n%s", im.Dir, im.Versions)
-	hostLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for _, netw := range []string{NetUser, NetTap} {
+		t.Run(netw, func(t *testing.T) {
+			if n, why := PickNet(); netw == NetTap && n != NetTap {
+				t.Skipf("no tap network here: %s", why)
+			}
+			testGuest(ctx, t, im, netw)
+		})
 	}
-	defer hostLn.Close()
-	fwd, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+}
+
+// testGuest boots the guest on network netw and checks it.
+func testGuest(ctx context.Context, t *testing.T, im *Image, netw string) {
+	ports := make([]int, 2)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
 	}
-	fwdPort := fwd.Addr().(*net.TCPAddr).Port
-	fwd.Close()
 	v, err := Boot(ctx, im, Config{
-		HostFwd:  []Forward{{Host: fwdPort, Guest: 7000}},
-		GuestFwd: []Forward{{Host: hostLn.Addr().(*net.TCPAddr).Port, Guest: 7001}},
+		Net:      netw,
+		HostFwd:  []Forward{{Host: ports[0], Guest: 7000}},
+		GuestFwd: []Forward{{Host: ports[1], Guest: 7001}},
 		Logf:     t.Logf,
 	})
 	if err != nil {
@@ -81,6 +92,17 @@ func TestGuest(t *testing.T) {
 			os.RemoveAll(v.Dir)
 		}
 	}()
+	hostLn, err := net.Listen("tcp", v.Listen(7001))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	if netw == NetTap {
+		// Nothing beyond the link: the guest has no default route.
+		if rc, out, err := v.Run(ctx, "ip route; ! ip route get 192.0.2.1", time.Minute); err != nil || rc != 0 {
+			t.Errorf("the tap guest routes beyond its link: rc %d, %v:\n%s", rc, err, out)
+		}
+	}
 
 	rc, out, err := v.Run(ctx, "rdma link show; command -v rping rdma_server rdma_client ucmatose ib_write_bw ib_send_lat ibv_devinfo", time.Minute)
 	if err != nil || rc != 0 || !strings.Contains(out, "siw0") || strings.Count(out, "/usr/bin/") != 7 {
@@ -129,7 +151,7 @@ func TestGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", fwdPort))
+	c, err := net.Dial("tcp", v.Dial(7000))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,14 +11,31 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// Addresses on QEMU's user network: the guest's own, and the one at which
-// guest programs reach the host's GuestFwd servers.
+// The guest's address, and the one at which guest programs reach the
+// host's servers (on either network, see Net).
 const (
 	Addr     = "10.0.2.15"
 	HostAddr = "10.0.2.100"
+)
+
+// The guest's networks (Config.Net).
+const (
+	// NetUser is QEMU's user network (slirp): the host reaches the guest
+	// through HostFwd and the guest the host through GuestFwd, both TCP
+	// proxies on 127.0.0.1, so the host's TCP peer is QEMU, which
+	// re-segments the stream. Needs no privilege.
+	NetUser = "user"
+	// NetTap is a tap device that QEMU makes (and removes when it ends)
+	// with HostAddr/24 on the host side: the host's and the guest's TCP
+	// talk to each other directly, segments as sent, and no forward
+	// stands between them. Needs root and /dev/net/tun, and no host
+	// address already in HostAddr's /24. Nothing routes beyond the link:
+	// the guest's default route is taken away at boot.
+	NetTap = "tap"
 )
 
 // Forward pairs a host port on 127.0.0.1 with a guest port.
@@ -25,12 +43,16 @@ type Forward struct{ Host, Guest int }
 
 // Config says how to boot the guest.
 type Config struct {
+	// Net is NetUser or NetTap; "" is PickNet's choice.
+	Net string
 	// HostFwd forwards 127.0.0.1:Host on the host to the guest's port
-	// Guest (for host clients of guest servers).
+	// Guest (for host clients of guest servers). On NetTap the host
+	// reaches Addr:Guest directly; VM.Dial gives the address either way.
 	HostFwd []Forward
 	// GuestFwd forwards HostAddr:Guest in the guest to 127.0.0.1:Host
 	// (for guest clients of host servers); each guest connection is a
-	// new host connection.
+	// new host connection. On NetTap the guest reaches HostAddr:Guest
+	// directly; VM.Listen gives where the host server listens either way.
 	GuestFwd []Forward
 	// Debug turns siw's dynamic debug on (MPA and QP events in dmesg).
 	Debug bool
@@ -44,6 +66,10 @@ type Config struct {
 type VM struct {
 	Dir   string // run directory: console.log, qemu.cmd, share/
 	Accel string // "kvm" or "tcg"
+	Net   string // NetUser or NetTap
+	Tap   string // the host's tap device on NetTap
+
+	cfg Config
 
 	mu       sync.Mutex
 	next     int
@@ -72,10 +98,74 @@ func Accel() (accel, why string) {
 	return "kvm", "/dev/kvm"
 }
 
+// PickNet returns the network to use and why: $GOWARP_SIWVM_NET (user or
+// tap) if set; NetTap where the process can make a tap device (root,
+// /dev/net/tun) and no host interface has an address in HostAddr's /24
+// (another guest's tap, or a real network: the routes would clash);
+// NetUser otherwise.
+func PickNet() (netw, why string) {
+	switch n := os.Getenv("GOWARP_SIWVM_NET"); n {
+	case NetUser, NetTap:
+		return n, "GOWARP_SIWVM_NET"
+	}
+	if os.Geteuid() != 0 {
+		return NetUser, "not root: no tap device"
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		return NetUser, "no /dev/net/tun"
+	}
+	_, subnet, _ := net.ParseCIDR(HostAddr + "/24")
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return NetUser, "cannot list the host's addresses: " + err.Error()
+	}
+	for _, a := range addrs {
+		if ip, ok := a.(*net.IPNet); ok && subnet.Contains(ip.IP) {
+			return NetUser, fmt.Sprintf("the host already has %v in %v", ip, subnet)
+		}
+	}
+	return NetTap, "root, /dev/net/tun"
+}
+
+// Dial returns the address at which host programs reach the guest's TCP
+// port guestPort: 127.0.0.1 and its HostFwd port on NetUser, Addr on
+// NetTap.
+func (v *VM) Dial(guestPort int) string {
+	if v.Net == NetTap {
+		return net.JoinHostPort(Addr, strconv.Itoa(guestPort))
+	}
+	for _, f := range v.cfg.HostFwd {
+		if f.Guest == guestPort {
+			return net.JoinHostPort("127.0.0.1", strconv.Itoa(f.Host))
+		}
+	}
+	return net.JoinHostPort("127.0.0.1", "0") // no forward: nothing answers
+}
+
+// Listen returns the address at which a host server must listen for guest
+// clients that dial HostAddr:guestPort: 127.0.0.1 and its GuestFwd port
+// on NetUser, HostAddr on NetTap.
+func (v *VM) Listen(guestPort int) string {
+	if v.Net == NetTap {
+		return net.JoinHostPort(HostAddr, strconv.Itoa(guestPort))
+	}
+	for _, f := range v.cfg.GuestFwd {
+		if f.Guest == guestPort {
+			return net.JoinHostPort("127.0.0.1", strconv.Itoa(f.Host))
+		}
+	}
+	return net.JoinHostPort("127.0.0.1", "0")
+}
+
 // Boot starts the guest and returns once it is ready to run jobs. Where
 // KVM was chosen but the guest does not come up in a minute, it boots
 // again under TCG.
 func Boot(ctx context.Context, im *Image, cfg Config) (*VM, error) {
+	if cfg.Net == "" {
+		var why string
+		cfg.Net, why = PickNet()
+		cfg.Logf.printf("guest: %s network (%s)", cfg.Net, why)
+	}
 	accel, why := Accel()
 	cfg.Logf.printf("guest: booting under %s (%s)", strings.ToUpper(accel), why)
 	v, err := boot(ctx, im, cfg, accel, bootWait(accel))
@@ -102,11 +192,27 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 	if err := os.MkdirAll(filepath.Join(share, "jobs"), 0o755); err != nil {
 		return nil, err
 	}
-	netdev := "user,id=n0,restrict=on" // nothing leaves the machine
-	for _, f := range cfg.HostFwd {
-		netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.Host, f.Guest)
+	var netdev, tap string
+	switch {
+	case cfg.Net == NetTap:
+		// QEMU makes the device, runs the script on it, and removes it
+		// when it ends (killed too: the device is its open file).
+		tap = nextTap()
+		up := filepath.Join(dir, "tap-up")
+		script := fmt.Sprintf("#!/bin/sh\nip addr add %s/24 dev \"$1\" && ip link set \"$1\" up\n", HostAddr)
+		if err := os.WriteFile(up, []byte(script), 0o755); err != nil {
+			return nil, err
+		}
+		netdev = fmt.Sprintf("tap,id=n0,ifname=%s,script=%s,downscript=no", tap, up)
+	case cfg.Net != NetUser:
+		return nil, fmt.Errorf("guest: unknown network %q", cfg.Net)
+	default:
+		netdev = "user,id=n0,restrict=on" // nothing leaves the machine
+		for _, f := range cfg.HostFwd {
+			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.Host, f.Guest)
+		}
 	}
-	if len(cfg.GuestFwd) > 0 {
+	if cfg.Net == NetUser && len(cfg.GuestFwd) > 0 {
 		// A tcp: chardev would carry one connection for QEMU's lifetime;
 		// cmd: starts a fresh forwarder per guest connection, one that
 		// passes both sides' half-closes on (see guestfwd).
@@ -143,7 +249,7 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 	cmd.Stdout, cmd.Stderr = out, out
 	os.WriteFile(filepath.Join(dir, "qemu.cmd"), []byte(strings.Join(cmd.Args, " ")+"\n"), 0o644)
 	t0 := time.Now()
-	v := &VM{Dir: dir, Accel: accel, next: 1, cmd: cmd, exited: make(chan struct{})}
+	v := &VM{Dir: dir, Accel: accel, Net: cfg.Net, Tap: tap, cfg: cfg, next: 1, cmd: cmd, exited: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
 		// Pdeathsig fires when the thread that started QEMU ends, not
@@ -182,8 +288,30 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 		case <-tick.C:
 		}
 	}
-	cfg.Logf.printf("guest: ready under %s in %v (run directory %s)", strings.ToUpper(accel), time.Since(t0).Round(100*time.Millisecond), dir)
+	if cfg.Net == NetTap {
+		// The link is the host's and the guest's only: no gateway.
+		if rc, out, err := v.Run(ctx, "ip route del default", time.Minute); err != nil || rc != 0 {
+			v.kill()
+			return nil, fmt.Errorf("guest: taking the default route away: rc %d, %v: %s", rc, err, out)
+		}
+	}
+	cfg.Logf.printf("guest: ready under %s on %s network%s in %v (run directory %s)", strings.ToUpper(accel), cfg.Net, tapNote(tap), time.Since(t0).Round(100*time.Millisecond), dir)
 	return v, nil
+}
+
+func tapNote(tap string) string {
+	if tap == "" {
+		return ""
+	}
+	return " " + tap
+}
+
+var taps atomic.Int32
+
+// nextTap names a tap device for this process's next guest (at most 15
+// bytes, as the kernel's names are).
+func nextTap() string {
+	return fmt.Sprintf("gwsiw%d.%d", os.Getpid()%1000000, taps.Add(1)%100)
 }
 
 // Attach returns a VM for a guest already running with run directory dir

@@ -3,6 +3,7 @@ package siwtest
 import (
 	"context"
 	"fmt"
+	"net"
 	"regexp"
 	"slices"
 	"strconv"
@@ -144,7 +145,7 @@ func (s *suite) perftestBothOnce(ctx context.Context, test string, gowarpServes 
 	// says where (a send_bw --all client against siw's server stalled
 	// once in CI, 2026-12-07, with nothing to say why).
 	args := append([]string{"perftest", "-v"}, gflags...)
-	h, err := startHost(ctx, s.bin, append(args, test, fmt.Sprintf("127.0.0.1:%d", s.v.perftest))...)
+	h, err := startHost(ctx, s.bin, append(args, test, net.JoinHostPort(s.v.dialIP, strconv.Itoa(s.v.perftest)))...)
 	if err != nil {
 		fail("%v", err)
 		return "", "", problems
@@ -180,7 +181,7 @@ type hostServerRun struct {
 // the server of ib_<test> -R in the guest with pflags.
 func (s *suite) hostServerGuestClient(ctx context.Context, test string, gflags, pflags []string) (r hostServerRun) {
 	fail := func(format string, args ...any) { r.problems = append(r.problems, fmt.Sprintf(format, args...)) }
-	args := append([]string{"perftest", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve)}, gflags...)
+	args := append([]string{"perftest", "-a", s.v.listenIP, "-p", strconv.Itoa(s.v.serve)}, gflags...)
 	h, err := startHost(ctx, s.bin, append(args, test)...)
 	if err != nil {
 		fail("%v", err)
@@ -189,7 +190,7 @@ func (s *suite) hostServerGuestClient(ctx context.Context, test string, gflags, 
 	if !waitListen(ctx, s.v.serve, 30*time.Second) {
 		fail("the host server does not listen on port %d after 30 s", s.v.serve)
 	}
-	r.rc, r.gout, err = s.v.run(ctx, guestPerftest(test, pflags, "-p", strconv.Itoa(guestServePort), hostFromGuest, stderr), guestJobLimit)
+	r.rc, r.gout, err = s.v.run(ctx, guestPerftest(test, pflags, "-p", strconv.Itoa(s.v.serve), hostFromGuest, stderr), guestJobLimit)
 	wctx := ctx
 	if err != nil || r.rc != 0 {
 		fail("guest ib_%s %v client: rc %d, %v\n%s", test, pflags, r.rc, err, tail([]byte(r.gout), 3000))

@@ -49,7 +49,7 @@ func (s *suite) rdmaServerClient(t *testing.T) {
 		}
 		// siw answers within milliseconds; 10 s without a reply is the
 		// hang of docs/interop.md §1.
-		args := []string{"client", "-s", "127.0.0.1", "-p", strconv.Itoa(s.v.rping),
+		args := []string{"client", "-s", s.v.dialIP, "-p", strconv.Itoa(s.v.rping),
 			"-msg", fmt.Sprintf("request %d", i), "-timeout", "10s"}
 		if noNudge {
 			args = append(args, "-nonudge")
@@ -88,7 +88,7 @@ func (s *suite) rdmaClientServer(t *testing.T) {
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
 	bin := buildExample(t, "sendrecv")
-	h, err := startHost(ctx, bin, "server", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "-n", strconv.Itoa(rdmaSessions))
+	h, err := startHost(ctx, bin, "server", "-a", s.v.listenIP, "-p", strconv.Itoa(s.v.serve), "-n", strconv.Itoa(rdmaSessions))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ for i in $(seq %d); do
     echo "rdma_client $i: local bind refused (EADDRNOTAVAIL), once more"; out=$(c); rc=$?; echo "$out"
   fi
   [ $rc -eq 0 ] || { echo "rdma_client $i failed: $rc"; exit 1; }
-done`, hostFromGuest, guestServePort, rdmaSessions)
+done`, hostFromGuest, s.v.serve, rdmaSessions)
 	rc, gout, err := s.v.run(ctx, script, 5*time.Minute)
 	if err != nil || rc != 0 {
 		t.Errorf("guest rdma_client loop: rc %d, %v\n%s", rc, err, tail([]byte(gout), 2000))
@@ -154,7 +154,7 @@ func (s *suite) ucmatoseServerClient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		args := append([]string{"client", "-s", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-timeout", "90s"}, ucmatoseArgs...)
+		args := append([]string{"client", "-s", s.v.dialIP, "-p", strconv.Itoa(s.v.rping), "-timeout", "90s"}, ucmatoseArgs...)
 		if !p2p {
 			args = append(args, "-nop2p")
 		}
@@ -184,7 +184,7 @@ func (s *suite) ucmatoseClientServer(t *testing.T) {
 	defer func() { s.sum.add(t, t.Name(), detail) }()
 	bin := buildExample(t, "cmatose")
 	for _, crc := range []bool{false, true} {
-		args := append([]string{"server", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "-timeout", "90s"}, ucmatoseArgs...)
+		args := append([]string{"server", "-a", s.v.listenIP, "-p", strconv.Itoa(s.v.serve), "-timeout", "90s"}, ucmatoseArgs...)
 		if crc {
 			args = append(args, "-crc")
 		}
@@ -195,7 +195,7 @@ func (s *suite) ucmatoseClientServer(t *testing.T) {
 		if !waitListen(ctx, s.v.serve, 30*time.Second) {
 			t.Fatalf("the host server does not listen on port %d after 30 s", s.v.serve)
 		}
-		rc, gout, gerr := s.v.run(ctx, fmt.Sprintf("stdbuf -oL ucmatose -s %s -p %d %s", hostFromGuest, guestServePort, strings.Join(ucmatoseArgs, " ")), 2*time.Minute)
+		rc, gout, gerr := s.v.run(ctx, fmt.Sprintf("stdbuf -oL ucmatose -s %s -p %d %s", hostFromGuest, s.v.serve, strings.Join(ucmatoseArgs, " ")), 2*time.Minute)
 		out, herr := h.wait(ctx)
 		if gerr != nil || rc != 0 || !strings.Contains(gout, "data transfers complete") || !strings.Contains(gout, "return status 0") {
 			t.Errorf("crc %v: guest ucmatose: rc %d, %v\n%s\ncmatose server:\n%s", crc, rc, gerr, gout, tail([]byte(out), 2000))

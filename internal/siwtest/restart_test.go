@@ -5,17 +5,23 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/gowarp/gowarp/internal/guest"
 )
 
-// guestAlive reports whether the guest's network still carries a
-// connection to the host: a TCP connect to the guest-forward address,
-// which QEMU's user network answers itself (the forward's helper may find
-// no host server; the connect has succeeded by then). It runs as a job,
-// which needs no network.
+// guestAlive reports whether the guest's network still reaches the host:
+// on the user network a TCP connect to the guest-forward address, which
+// QEMU answers itself (the forward's helper may find no host server; the
+// connect has succeeded by then); on a tap network a ping, which the
+// host's kernel answers. It runs as a job, which needs no network.
 func (s *suite) guestAlive() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rc, _, err := s.v.run(ctx, fmt.Sprintf("timeout 10 bash -c 'exec 3<>/dev/tcp/%s/%d'", hostFromGuest, guestServePort), 30*time.Second)
+	check := fmt.Sprintf("timeout 10 bash -c 'exec 3<>/dev/tcp/%s/%d'", hostFromGuest, s.v.serve)
+	if s.v.Net == guest.NetTap {
+		check = fmt.Sprintf("ping -c 1 -W 5 %s", hostFromGuest)
+	}
+	rc, _, err := s.v.run(ctx, check, 30*time.Second)
 	return err == nil && rc == 0
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -266,7 +267,7 @@ func (s *suite) hostClient(t *testing.T, c pingCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-v", "-V",
+	args := append([]string{"ping", "-c", "-a", s.v.dialIP, "-p", strconv.Itoa(s.v.rping), "-v", "-V",
 		"-C", strconv.Itoa(c.count), "-S", strconv.Itoa(c.size)}, c.flags...)
 	h, err := startHost(ctx, s.bin, args...)
 	if err != nil {
@@ -300,7 +301,7 @@ func (s *suite) hostClientRev1(t *testing.T) {
 		s.sum.add(t, t.Name(), "MPA rev 1 accepted by siw; rping's server then has ORD 0 and cannot Read (expected refusal)")
 	}()
 	job := s.rpingServer(ctx, t)
-	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-mpa-rev", "1")
+	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", s.v.dialIP, "-p", strconv.Itoa(s.v.rping), "-C", "1", "-mpa-rev", "1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +326,7 @@ func (s *suite) privateDataTooLong(t *testing.T) {
 		s.sum.add(t, t.Name(), "253 B refused by siw (connection closed), then 252 B accepted by the same server")
 	}()
 	job := s.rpingServer(ctx, t)
-	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-pd", "253")
+	h, err := startHost(ctx, s.bin, "ping", "-c", "-a", s.v.dialIP, "-p", strconv.Itoa(s.v.rping), "-C", "1", "-pd", "253")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func (s *suite) privateDataTooLong(t *testing.T) {
 		t.Errorf("253 bytes of private data were accepted:\n%s", out)
 	}
 	// The server still listens: a valid client lets it finish.
-	h, err = startHost(ctx, s.bin, "ping", "-c", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.rping), "-C", "1", "-V", "-pd", "252")
+	h, err = startHost(ctx, s.bin, "ping", "-c", "-a", s.v.dialIP, "-p", strconv.Itoa(s.v.rping), "-C", "1", "-V", "-pd", "252")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +352,7 @@ func (s *suite) guestClient(t *testing.T, c pingCase) {
 	defer func() {
 		s.sum.add(t, t.Name(), fmt.Sprintf("%d B × %d %s", c.size, c.count, strings.Join(c.flags, " ")))
 	}()
-	args := append([]string{"ping", "-s", "-a", "127.0.0.1", "-p", strconv.Itoa(s.v.serve), "-v"}, c.flags...)
+	args := append([]string{"ping", "-s", "-a", s.v.listenIP, "-p", strconv.Itoa(s.v.serve), "-v"}, c.flags...)
 	h, err := startHost(ctx, s.bin, args...)
 	if err != nil {
 		t.Fatal(err)
@@ -363,7 +364,7 @@ func (s *suite) guestClient(t *testing.T, c pingCase) {
 	if c.size <= 5000 {
 		v = "-v"
 	}
-	cmd := fmt.Sprintf("rping -c -a %s -p %d %s -V -C %d -S %d %s", hostFromGuest, guestServePort, v, c.count, c.size, stderr)
+	cmd := fmt.Sprintf("rping -c -a %s -p %d %s -V -C %d -S %d %s", hostFromGuest, s.v.serve, v, c.count, c.size, stderr)
 	// A run takes seconds; 75 s leaves room for one more within ctx.
 	rc, gout, err := s.v.run(ctx, cmd, 75*time.Second)
 	if err == nil && guestAddrBusy(rc, gout) {
@@ -524,7 +525,7 @@ func (s *suite) connectToGuestRping(ctx context.Context, t *testing.T) (*gowarp.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { qp.Close() })
-	if err := qp.Connect(ctx, fmt.Sprintf("127.0.0.1:%d", s.v.rping), gowarp.ConnectOptions{NoP2P: true, IRD: 1, ORD: 1}); err != nil {
+	if err := qp.Connect(ctx, net.JoinHostPort(s.v.dialIP, strconv.Itoa(s.v.rping)), gowarp.ConnectOptions{NoP2P: true, IRD: 1, ORD: 1}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -618,7 +619,7 @@ func (s *suite) gowarpSendsTerminate(t *testing.T) {
 	var detail string
 	defer func() { s.sum.add(t, t.Name(), detail) }()
 	dev := gowarp.Open()
-	ln, err := dev.Listen(fmt.Sprintf("127.0.0.1:%d", s.v.serve))
+	ln, err := dev.Listen(net.JoinHostPort(s.v.listenIP, strconv.Itoa(s.v.serve)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -648,7 +649,7 @@ echo "rping rc=$rc"
 sleep 1
 echo "siw TERMINATEs logged: $(( $(dmesg | grep -c 'got TERMINATE') - before ))"
 dmesg | grep 'got TERMINATE' | tail -1
-exit $rc`, hostFromGuest, guestServePort)
+exit $rc`, hostFromGuest, s.v.serve)
 	rc, gout, err := s.v.run(ctx, script, 40*time.Second)
 	if err == nil && guestAddrBusy(rc, gout) {
 		// The guest's connect found no local address, and rping hung

@@ -43,23 +43,28 @@ import (
 	"github.com/gowarp/gowarp/internal/guest"
 )
 
-// Guest ports: the host reaches guest servers through QEMU's hostfwd, and
-// guest clients reach host servers at guest.HostAddr:guestServePort.
+// The guest servers' ports, and the addresses of the guest and of the
+// host as the guest sees it (guest clients dial hostFromGuest:vm.serve).
 const (
 	guestRpingPort    = 7174
 	guestPerftestPort = 18515
-	guestServePort    = 7175
 	guestAddr         = guest.Addr
 	hostFromGuest     = guest.HostAddr
 )
 
-// vm is the running guest and the host ports that reach it.
+// vm is the running guest and the addresses that reach it: host clients
+// dial dialIP:rping and dialIP:perftest (the guest's own address on a
+// tap network, 127.0.0.1 and QEMU's forwarded ports on the user one);
+// host servers listen on listenIP:serve, which guest clients dial as
+// hostFromGuest:serve.
 type vm struct {
 	*guest.VM
 	dir      string
-	rping    int  // host port forwarded to the guest's rping port
-	perftest int  // host port forwarded to the guest's perftest port
-	serve    int  // host port guest clients reach
+	dialIP   string
+	rping    int
+	perftest int
+	listenIP string
+	serve    int
 	attached bool // an existing guest: leave it running
 }
 
@@ -104,15 +109,17 @@ func needGuest(t *testing.T) *guest.Image {
 	return im
 }
 
-// startVM boots the guest, or attaches to one named by GOWARP_SIWVM_RUNDIR
-// and GOWARP_SIWVM_PORTS=rping,perftest,serve.
+// startVM boots the guest, or attaches to one on QEMU's user network
+// named by GOWARP_SIWVM_RUNDIR and GOWARP_SIWVM_PORTS=rping,perftest,serve
+// (the host ports forwarded to the guest's rping and perftest ports, and
+// the port of the guest's forward to the host, the same on both sides).
 func startVM(t *testing.T, im *guest.Image) *vm {
 	if dir := os.Getenv("GOWARP_SIWVM_RUNDIR"); dir != "" {
 		p := strings.Split(os.Getenv("GOWARP_SIWVM_PORTS"), ",")
 		if len(p) != 3 {
 			t.Fatal("GOWARP_SIWVM_PORTS must be rping,perftest,serve host ports")
 		}
-		v := &vm{VM: guest.Attach(dir), dir: dir, attached: true}
+		v := &vm{VM: guest.Attach(dir), dir: dir, dialIP: "127.0.0.1", listenIP: "127.0.0.1", attached: true}
 		v.rping, _ = strconv.Atoi(p[0])
 		v.perftest, _ = strconv.Atoi(p[1])
 		v.serve, _ = strconv.Atoi(p[2])
@@ -124,7 +131,7 @@ func startVM(t *testing.T, im *guest.Image) *vm {
 	}
 	gv, err := guest.Boot(context.Background(), im, guest.Config{
 		HostFwd:  []guest.Forward{{Host: ports[0], Guest: guestRpingPort}, {Host: ports[1], Guest: guestPerftestPort}},
-		GuestFwd: []guest.Forward{{Host: ports[2], Guest: guestServePort}},
+		GuestFwd: []guest.Forward{{Host: ports[2], Guest: ports[2]}},
 		Debug:    os.Getenv("GOWARP_SIWVM_DEBUG") != "",
 		Limit:    45 * time.Minute,
 		Logf:     t.Logf,
@@ -132,7 +139,20 @@ func startVM(t *testing.T, im *guest.Image) *vm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &vm{VM: gv, dir: gv.Dir, rping: ports[0], perftest: ports[1], serve: ports[2]}
+	v := &vm{VM: gv, dir: gv.Dir, serve: ports[2]}
+	v.dialIP, v.rping = splitAddr(t, gv.Dial(guestRpingPort))
+	_, v.perftest = splitAddr(t, gv.Dial(guestPerftestPort))
+	v.listenIP, _ = splitAddr(t, gv.Listen(v.serve))
+	return v
+}
+
+func splitAddr(t *testing.T, addr string) (string, int) {
+	host, port, err := net.SplitHostPort(addr)
+	p, err2 := strconv.Atoi(port)
+	if err != nil || err2 != nil {
+		t.Fatalf("bad address %q", addr)
+	}
+	return host, p
 }
 
 func tail(b []byte, n int) []byte {
