@@ -13,3 +13,6 @@ func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{} }
 func lockFile(f *os.File) error {
 	return fmt.Errorf("guest: building the guest needs Linux: %w", errors.ErrUnsupported)
 }
+
+// tapUsable: tap networks are made on Linux only.
+func tapUsable() error { return errors.New("tap devices: Linux only") }

@@ -99,8 +99,8 @@ func Accel() (accel, why string) {
 }
 
 // PickNet returns the network to use and why: $GOWARP_SIWVM_NET (user or
-// tap) if set; NetTap where the process can make a tap device (root,
-// /dev/net/tun) and no host interface has an address in HostAddr's /24
+// tap) if set; NetTap where the process can make a tap device (it tries:
+// root and CAP_NET_ADMIN, /dev/net/tun, ip(8)) and no host interface has an address in HostAddr's /24
 // (another guest's tap, or a real network: the routes would clash);
 // NetUser otherwise.
 func PickNet() (netw, why string) {
@@ -108,11 +108,8 @@ func PickNet() (netw, why string) {
 	case NetUser, NetTap:
 		return n, "GOWARP_SIWVM_NET"
 	}
-	if os.Geteuid() != 0 {
-		return NetUser, "not root: no tap device"
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		return NetUser, "no /dev/net/tun"
+	if err := tapUsable(); err != nil {
+		return NetUser, "no tap device here: " + err.Error()
 	}
 	_, subnet, _ := net.ParseCIDR(HostAddr + "/24")
 	addrs, err := net.InterfaceAddrs()
@@ -124,7 +121,7 @@ func PickNet() (netw, why string) {
 			return NetUser, fmt.Sprintf("the host already has %v in %v", ip, subnet)
 		}
 	}
-	return NetTap, "root, /dev/net/tun"
+	return NetTap, "a tap device can be made here"
 }
 
 // Dial returns the address at which host programs reach the guest's TCP

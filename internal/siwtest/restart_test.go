@@ -3,26 +3,40 @@ package siwtest
 import (
 	"context"
 	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gowarp/gowarp/internal/guest"
 )
 
-// guestAlive reports whether the guest's network still reaches the host:
-// on the user network a TCP connect to the guest-forward address, which
-// QEMU answers itself (the forward's helper may find no host server; the
-// connect has succeeded by then); on a tap network a ping, which the
-// host's kernel answers. It runs as a job, which needs no network.
+// guestAlive reports whether the guest's network still carries a
+// connection to the host, from a job (jobs need no network): a TCP
+// connect to the guest-forward address on the user network, which QEMU
+// answers itself (the forward's helper may find no host server; the
+// connect has succeeded by then), and to a listener of this process on a
+// tap network.
 func (s *suite) guestAlive() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	check := fmt.Sprintf("timeout 10 bash -c 'exec 3<>/dev/tcp/%s/%d'", hostFromGuest, s.v.serve)
+	port := s.v.serve
 	if s.v.Net == guest.NetTap {
-		check = fmt.Sprintf("ping -c 1 -W 5 %s", hostFromGuest)
+		ln, err := net.Listen("tcp", net.JoinHostPort(s.v.listenIP, "0"))
+		if err != nil {
+			s.top.Logf("guestAlive: %v", err)
+			return false
+		}
+		defer ln.Close()
+		port = ln.Addr().(*net.TCPAddr).Port
 	}
-	rc, _, err := s.v.run(ctx, check, 30*time.Second)
-	return err == nil && rc == 0
+	check := fmt.Sprintf("timeout 10 bash -c 'exec 3<>/dev/tcp/%s/%d'", hostFromGuest, port)
+	rc, out, err := s.v.run(ctx, check, 30*time.Second)
+	if err != nil || rc != 0 {
+		s.top.Logf("the guest cannot reach the host: %s: rc %d, %v: %s", check, rc, err, strings.TrimSpace(out))
+		return false
+	}
+	return true
 }
 
 // restartGuest powers the guest off and boots it again, for a scenario to
@@ -32,12 +46,12 @@ func (s *suite) guestAlive() bool {
 // new connection either way, siw and the kernel logging nothing), and
 // every scenario after it failed. The old run directory is kept.
 func (s *suite) restartGuest(t *testing.T) {
-	// What the guest's network looked like: the NIC's counters 3 s
-	// apart (transmit frozen, when it was seen), its neighbours, its
-	// sockets.
+	// What the guest's network looked like: the NIC's counters before
+	// and after 3 s of trying to connect to the host (transmit frozen,
+	// when it was seen), its neighbours, its sockets.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, state, _ := s.v.run(ctx, "grep eth0 /proc/net/dev; sleep 3; grep eth0 /proc/net/dev; ip neigh; ss -tn", 30*time.Second)
+	_, state, _ := s.v.run(ctx, fmt.Sprintf("grep eth0 /proc/net/dev; timeout 3 bash -c 'exec 3<>/dev/tcp/%s/%d'; grep eth0 /proc/net/dev; ip neigh; ss -tn", hostFromGuest, s.v.serve), 30*time.Second)
 	t.Logf("the guest's network stopped (no connection from the guest to the host after a failed run); its run directory is kept: %s. Booting the guest again. Its network:\n%s", s.v.dir, state)
 	s.v.stop()
 	s.restarts++
