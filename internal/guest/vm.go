@@ -32,9 +32,9 @@ const (
 	// NetTap is a tap device that QEMU makes (and removes when it ends)
 	// with HostAddr/24 on the host side: the host's and the guest's TCP
 	// talk to each other directly, segments as sent, and no forward
-	// stands between them. Needs root and /dev/net/tun, and no host
-	// address already in HostAddr's /24. Nothing routes beyond the link:
-	// the guest's default route is taken away at boot.
+	// stands between them. Needs the right to make a tap device and no
+	// host address already in HostAddr's /24 (PickNet). Nothing routes
+	// beyond the link: the guest's default route is taken away at boot.
 	NetTap = "tap"
 )
 
@@ -100,9 +100,9 @@ func Accel() (accel, why string) {
 
 // PickNet returns the network to use and why: $GOWARP_SIWVM_NET (user or
 // tap) if set; NetTap where the process can make a tap device (it tries:
-// root and CAP_NET_ADMIN, /dev/net/tun, ip(8)) and no host interface has an address in HostAddr's /24
-// (another guest's tap, or a real network: the routes would clash);
-// NetUser otherwise.
+// CAP_NET_ADMIN, /dev/net/tun, ip(8)) and no host interface has an
+// address in HostAddr's /24 (another guest's tap, or a real network: the
+// routes would clash); NetUser otherwise.
 func PickNet() (netw, why string) {
 	switch n := os.Getenv("GOWARP_SIWVM_NET"); n {
 	case NetUser, NetTap:
@@ -156,13 +156,29 @@ func (v *VM) Listen(guestPort int) string {
 
 // Boot starts the guest and returns once it is ready to run jobs. Where
 // KVM was chosen but the guest does not come up in a minute, it boots
-// again under TCG.
+// again under TCG; where PickNet chose a tap network and that boot
+// failed, it boots again on the user network.
 func Boot(ctx context.Context, im *Image, cfg Config) (*VM, error) {
-	if cfg.Net == "" {
+	picked := cfg.Net == ""
+	if picked {
 		var why string
 		cfg.Net, why = PickNet()
 		cfg.Logf.printf("guest: %s network (%s)", cfg.Net, why)
 	}
+	v, err := bootAccel(ctx, im, cfg)
+	if err != nil && picked && cfg.Net == NetTap && ctx.Err() == nil {
+		// PickNet made a tap, but QEMU could not (or its script failed):
+		// the user network needs nothing of the host.
+		cfg.Logf.printf("guest: boot on a tap network failed (%v); booting on the user network", err)
+		cfg.Net = NetUser
+		v, err = bootAccel(ctx, im, cfg)
+	}
+	return v, err
+}
+
+// bootAccel boots under the accelerator Accel picks, and under TCG where
+// KVM was picked and failed.
+func bootAccel(ctx context.Context, im *Image, cfg Config) (*VM, error) {
 	accel, why := Accel()
 	cfg.Logf.printf("guest: booting under %s (%s)", strings.ToUpper(accel), why)
 	v, err := boot(ctx, im, cfg, accel, bootWait(accel))
