@@ -38,7 +38,7 @@ does and prints perftest's table: the bandwidth tests' figures (the
 write_bw and read_bw servers print the client's, as perftest's do) or the
 latency tests' (one-way for write_lat and send_lat, the round trip for
 read_lat, which only its client measures). Give both sides the same -s,
--n, -q, -b and --all (and -D to the latency tests), as with perftest: a send_bw server posts receives for exactly -n
+-n, -q, -b and --all (and -D to send_bw and the latency tests), as with perftest: a send_bw server posts receives for exactly -n
 messages, and iWARP has no receiver-not-ready retry.
 
 flags:
@@ -63,7 +63,7 @@ func perftestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.BoolVar(&o.All, "all", false, "run every size from 2 B to 8 MiB, doubling (perftest's -a, --all; gowarp's -a is the address)")
 	fs.IntVar(&o.Iters, "n", 0, "`iterations` (0: perftest's, 5000 for write_bw, 1000 otherwise)")
 	fs.IntVar(&o.QPs, "q", 1, "write_bw and read_bw: `N` data connections, each with its own queue pair (perftest's -q; give both sides the same)")
-	secs := fs.Int("D", 0, "all tests but send_bw: run for `seconds` instead of -n messages, measuring between margins of a quarter of it (perftest's -D; write_bw's and read_bw's server needs none unless -b, the latency tests' both sides do)")
+	secs := fs.Int("D", 0, "run for `seconds` instead of -n messages, measuring between margins of a quarter of it (perftest's -D; write_bw's and read_bw's server needs none unless -b, send_bw's and the latency tests' both sides do)")
 	fs.BoolVar(&o.Duplex, "b", false, "write_bw and read_bw: bidirectional, both sides Writing or Reading at once, each printing both ways' figures added to its own count (perftest's -b; give both sides, and -D to both if any)")
 	fs.BoolVar(&o.NoPeak, "N", false, "bandwidth clients: no peak, reported as 0 (perftest's -N, --noPeak)")
 	fs.StringVar(&o.Output, "output", "", "print only these `units`, a number a line, instead of the table: bandwidth or message_rate (bandwidth tests), latency (the average; latency tests) (perftest's --output=<units>)")

@@ -151,8 +151,8 @@ func TestPerftestRefused(t *testing.T) {
 // --report_gbits, and its device flags (-d DEV, -i, -x, -c RC, which mean
 // nothing here; gowarp's -d had been its debug switch, so "-d siw0" made
 // siw0 the server's address): both sides on two queue pairs, the client
-// for a second, in Gb/s. -D, a bad -q and -c UD are refused where
-// perftest's tests do not take them.
+// for a second, in Gb/s. -D with --all, a bad -q and -c UD are refused
+// where perftest's tests do not take them.
 func TestPerftestQPsDuration(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
 	sout, cout := perftestPair(t, []string{"-a", "127.0.0.1", "-p", port, "-d", "siw0", "-q", "2", "-D", "1", "--report_gbits", "write_bw"},
@@ -164,7 +164,7 @@ func TestPerftestQPsDuration(t *testing.T) {
 			t.Errorf("%s's table:\n%s", who, out)
 		}
 	}
-	for _, args := range [][]string{{"-D", "1", "send_bw"}, {"-q", "2", "write_lat"}, {"-q", "0", "write_bw"}, {"-D", "-1", "write_bw"}, {"-c", "UD", "write_bw"}, {"-b", "send_lat"}} {
+	for _, args := range [][]string{{"-D", "1", "--all", "send_bw"}, {"-q", "2", "write_lat"}, {"-q", "0", "write_bw"}, {"-D", "-1", "write_bw"}, {"-c", "UD", "write_bw"}, {"-b", "send_lat"}} {
 		var out, errb lockedBuf
 		// A server that took them would wait for a client: not for long.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -106,13 +106,14 @@ type Options struct {
 	// it. 0 is 1.
 	QPs int
 	// Duration makes a run last this long instead of Iters messages
-	// (perftest's -D, whole seconds), for every test but send_bw: it
-	// measures the messages between a margin of a quarter of it (whole
-	// seconds, as perftest's) from the start and the same margin before
-	// the end. Bandwidth reports have no peak, latency reports the average
-	// and transactions a second only. write_bw's and read_bw's server
-	// needs none (they do nothing in the run); the latency tests' sides
-	// both need it, each stopping at its own end.
+	// (perftest's -D, whole seconds): it measures the messages between a
+	// margin of a quarter of it (whole seconds, as perftest's) from the
+	// start and the same margin before the end. Bandwidth reports have no
+	// peak, latency reports the average and transactions a second only.
+	// write_bw's and read_bw's server needs none (they do nothing in the
+	// run); send_bw's and the latency tests' sides both need it, each
+	// stopping at its own end (send_bw's server counts from the first
+	// Send it receives, as perftest's).
 	Duration time.Duration
 	// Duplex runs the test both ways at once (perftest's -b), write_bw
 	// and read_bw: the server Writes to or Reads from the client as the
@@ -174,9 +175,6 @@ func (o *Options) defaults() error {
 		}
 	}
 	if o.Duration != 0 {
-		if o.Test == SendBW {
-			return fmt.Errorf("perftest: a duration (-D) is supported for every test but %s", o.Test)
-		}
 		if o.Duration < time.Second || o.Duration%time.Second != 0 {
 			return fmt.Errorf("perftest: duration %v: perftest's -D is a whole number of seconds, at least 1", o.Duration)
 		}

@@ -350,6 +350,29 @@ func TestLoopbackDuration(t *testing.T) {
 	}
 }
 
+// TestLoopbackDurationSendBW: send_bw for a duration (perftest's -D, both
+// sides): the client Sends within its credit until its end, the server
+// reposts every receive and grants credit until its own, counted from the
+// first Send, and each reports what it measured in its window, no peak.
+func TestLoopbackDurationSendBW(t *testing.T) {
+	o := Options{Test: SendBW, Size: 4096, Duration: time.Second, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	c, s := pair(t, o)
+	for who, r := range map[string]*Result{"client": c, "server": s} {
+		if r.Local.Iters == 0 || r.Local.BWAvg <= 0 || r.Local.BWPeak != 0 {
+			t.Errorf("the %s's report %+v: want messages, an average, no peak", who, r.Local)
+		}
+		// A second's worth, as TestLoopbackDuration.
+		if want := float64(r.Local.Iters) * 4096 / mib; math.Abs(r.Local.BWAvg-want) > want*0.01 {
+			t.Errorf("the %s's average %v MB/s for %d messages in 1 s, want %v", who, r.Local.BWAvg, r.Local.Iters, want)
+		}
+	}
+	// Many more than one receive depth went through: the credits moved.
+	if oo := o; Fill(&oo) == nil && c.Local.Iters <= uint64(oo.RxDepth) {
+		t.Errorf("the client sent %d messages in 1 s, not beyond its first credit (%d receives)", c.Local.Iters, oo.RxDepth)
+	}
+	t.Logf("client %d messages, server %d", c.Local.Iters, s.Local.Iters)
+}
+
 // TestLoopbackGbits: --report_gbits makes the client's figures Gb/s, and
 // the tables and JSON say so (the server's prints the client's figures
 // under its own unit, as perftest's).
@@ -382,7 +405,7 @@ func TestOptionsRefused(t *testing.T) {
 		{Test: WriteLat, QPs: 2},
 		{Test: WriteBW, QPs: -1},
 		{Test: WriteBW, QPs: MaxQPs + 1},
-		{Test: SendBW, Duration: time.Second},
+		{Test: SendBW, Duration: time.Second, All: true},
 		{Test: WriteBW, Duration: 1500 * time.Millisecond},
 		{Test: WriteBW, Duration: -time.Second},
 		{Test: WriteBW, Duration: time.Second, All: true},

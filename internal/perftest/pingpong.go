@@ -3,6 +3,7 @@ package perftest
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -203,8 +204,18 @@ func (d *data) pingPong(ctx context.Context, o *Options, server bool, peer *Dest
 // RDMA-Writes the count of receives so far (a little-endian u32) to the
 // client's credit buffer, after reposting, so that a client that keeps
 // its Sends within RxDepth of its credit always finds a receive.
+//
+// A run of a Duration (perftest's -D) goes on, reposting every receive,
+// until the Duration has passed since the first Send arrived, and counts
+// the Sends that arrive between its margins, as perftest's server (its
+// clock starts on the first receive, set_on_first_rx_packet). The client,
+// whose clock started before, has stopped by then, and what it sent last
+// finds receives: it keeps within RxDepth of the last credit.
 func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *Report) error {
 	n := o.Iters
+	timed := o.Duration != 0
+	sampleFrom, sampleTo, end := o.window()
+	sampled := 0
 	creditEvery := creditEvery(o)
 	// One slot per credit Write in flight: a slot is not rewritten
 	// while the Write that carries it may still be read.
@@ -216,17 +227,23 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 	var first, last time.Time
 	writes := 0
 	recvs0, sends0 := d.recvs, d.sends
-	for got := 0; got < n; {
-		if _, err := d.pump(ctx, true); err != nil {
+	for got := 0; timed || got < n; {
+		if err := d.pumpUntil(ctx, timed && got > 0, first.Add(time.Duration(end))); err != nil {
+			if errors.Is(err, errRunOver) {
+				break
+			}
 			return fmt.Errorf("after %d Sends: %w", got, err)
 		}
 		for ; got < d.recvs-recvs0; got++ {
 			rc := got + 1
-			if rc == 1 {
-				first = time.Now()
-			}
 			last = time.Now()
-			if rc+o.RxDepth <= n {
+			if rc == 1 {
+				first = last
+			}
+			if t := int64(last.Sub(first)); timed && t >= sampleFrom && t < sampleTo {
+				sampled++
+			}
+			if timed || rc+o.RxDepth <= n {
 				if err := d.qp.PostRecv(d.recvWR()); err != nil {
 					return err
 				}
@@ -253,8 +270,34 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 	if err := d.waitCounts(ctx, sends0+writes, 0); err != nil {
 		return err
 	}
+	if timed {
+		*rep = reportSampled(o.Size, sampled, time.Duration(sampleTo-sampleFrom), o.unit())
+		return nil
+	}
 	*rep = reportRecv(o.Size, n, first, last, o.unit())
 	return nil
+}
+
+// errRunOver is pumpUntil's: the run's time is up.
+var errRunOver = errors.New("perftest: the run's time is up")
+
+// pumpUntil is pump, waiting for completions no later than end if bounded,
+// when it returns errRunOver (at once if end has passed).
+func (d *data) pumpUntil(ctx context.Context, bounded bool, end time.Time) error {
+	if !bounded {
+		_, err := d.pump(ctx, true)
+		return err
+	}
+	if !time.Now().Before(end) {
+		return errRunOver
+	}
+	wctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	_, err := d.pump(wctx, true)
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		return errRunOver
+	}
+	return err
 }
 
 // creditEvery is how many receives a send_bw server takes between credit

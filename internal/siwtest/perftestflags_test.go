@@ -29,6 +29,7 @@ var flagCases = []flagCase{
 	{name: "b_q2", test: "read_bw", server: []string{"-b", "-q", "2", "-n", "50"}, client: []string{"-b", "-q", "2", "-n", "50"}, qps: 2},
 	{name: "b_D3", test: "write_bw", server: []string{"-b", "-D", "3"}, client: []string{"-b", "-D", "3"}, qps: 1, duration: true},
 	{name: "output", test: "write_bw", server: []string{"-n", "50", "--output=bandwidth"}, client: []string{"-n", "50", "-N", "--output=bandwidth"}, qps: 1},
+	{name: "D3", test: "send_bw", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
 	{name: "D3", test: "write_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
 	{name: "D3", test: "read_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
 	{name: "D3", test: "send_lat", server: []string{"-D", "3"}, client: []string{"-D", "3"}, qps: 1, duration: true},
@@ -82,6 +83,14 @@ func (s *suite) perftestFlags(t *testing.T, c flagCase, gowarpServes bool) {
 		if mine[1] != theirs[1] || !slices.Equal(mine[3:], theirs[3:]) {
 			t.Errorf("the server printed %v, the client %v: want the same size and figures", theirs[1:], mine[1:])
 		}
+	case c.test == "send_bw":
+		// Each side measures its own side (the server its receives, from
+		// the first), as without -D: the same size, some messages and no
+		// peak on the server's line too.
+		if m, _ := strconv.Atoi(theirs[2]); mine[1] != theirs[1] || m <= 0 || theirs[3] != "0.00" {
+			t.Errorf("the server printed %v, the client %v: want the same size, some messages, no peak", theirs[1:], mine[1:])
+		}
+		note += fmt.Sprintf("; the server received %s messages at %s avg", theirs[2], theirs[4])
 	case !slices.Equal(mine[1:], theirs[1:]):
 		t.Errorf("the server printed %v, the client %v", theirs[1:], mine[1:])
 	}
