@@ -127,31 +127,27 @@ func PickNet() (netw, why string) {
 // Dial returns the address at which host programs reach the guest's TCP
 // port guestPort: 127.0.0.1 and its HostFwd port on NetUser, Addr on
 // NetTap.
-func (v *VM) Dial(guestPort int) string {
-	if v.Net == NetTap {
-		return net.JoinHostPort(Addr, strconv.Itoa(guestPort))
-	}
-	for _, f := range v.cfg.HostFwd {
-		if f.Guest == guestPort {
-			return net.JoinHostPort("127.0.0.1", strconv.Itoa(f.Host))
-		}
-	}
-	return net.JoinHostPort("127.0.0.1", "0") // no forward: nothing answers
-}
+func (v *VM) Dial(guestPort int) string { return v.hostAddr(Addr, v.cfg.HostFwd, guestPort) }
 
 // Listen returns the address at which a host server must listen for guest
 // clients that dial HostAddr:guestPort: 127.0.0.1 and its GuestFwd port
 // on NetUser, HostAddr on NetTap.
-func (v *VM) Listen(guestPort int) string {
+func (v *VM) Listen(guestPort int) string { return v.hostAddr(HostAddr, v.cfg.GuestFwd, guestPort) }
+
+// hostAddr is tapIP:guestPort on a tap network, and on the user network
+// 127.0.0.1 with the host port of guestPort's forward in fwds (port 0,
+// where nothing answers, if it has none).
+func (v *VM) hostAddr(tapIP string, fwds []Forward, guestPort int) string {
 	if v.Net == NetTap {
-		return net.JoinHostPort(HostAddr, strconv.Itoa(guestPort))
+		return net.JoinHostPort(tapIP, strconv.Itoa(guestPort))
 	}
-	for _, f := range v.cfg.GuestFwd {
+	host := 0
+	for _, f := range fwds {
 		if f.Guest == guestPort {
-			return net.JoinHostPort("127.0.0.1", strconv.Itoa(f.Host))
+			host = f.Host
 		}
 	}
-	return net.JoinHostPort("127.0.0.1", "0")
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(host))
 }
 
 // Boot starts the guest and returns once it is ready to run jobs. Where
