@@ -67,7 +67,6 @@ type VM struct {
 	Dir   string // run directory: console.log, qemu.cmd, share/
 	Accel string // "kvm" or "tcg"
 	Net   string // NetUser or NetTap
-	Tap   string // the host's tap device on NetTap
 
 	cfg Config
 
@@ -220,17 +219,17 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 		for _, f := range cfg.HostFwd {
 			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", f.Host, f.Guest)
 		}
-	}
-	if cfg.Net == NetUser && len(cfg.GuestFwd) > 0 {
-		// A tcp: chardev would carry one connection for QEMU's lifetime;
-		// cmd: starts a fresh forwarder per guest connection, one that
-		// passes both sides' half-closes on (see guestfwd).
-		fwd := filepath.Join(dir, "guestfwd")
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", fwd, "github.com/gowarp/gowarp/internal/guest/guestfwd").CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("guest: building guestfwd: %v\n%s", err, out)
-		}
-		for _, f := range cfg.GuestFwd {
-			netdev += fmt.Sprintf(",guestfwd=tcp:%s:%d-cmd:%s %d", HostAddr, f.Guest, fwd, f.Host)
+		if len(cfg.GuestFwd) > 0 {
+			// A tcp: chardev would carry one connection for QEMU's lifetime;
+			// cmd: starts a fresh forwarder per guest connection, one that
+			// passes both sides' half-closes on (see guestfwd).
+			fwd := filepath.Join(dir, "guestfwd")
+			if out, err := exec.CommandContext(ctx, "go", "build", "-o", fwd, "github.com/gowarp/gowarp/internal/guest/guestfwd").CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("guest: building guestfwd: %v\n%s", err, out)
+			}
+			for _, f := range cfg.GuestFwd {
+				netdev += fmt.Sprintf(",guestfwd=tcp:%s:%d-cmd:%s %d", HostAddr, f.Guest, fwd, f.Host)
+			}
 		}
 	}
 	appendArgs := "console=ttyS0 root=/dev/vda rw init=/sbin/gowarp-init net.ifnames=0 panic=1 quiet"
@@ -258,7 +257,7 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 	cmd.Stdout, cmd.Stderr = out, out
 	os.WriteFile(filepath.Join(dir, "qemu.cmd"), []byte(strings.Join(cmd.Args, " ")+"\n"), 0o644)
 	t0 := time.Now()
-	v := &VM{Dir: dir, Accel: accel, Net: cfg.Net, Tap: tap, cfg: cfg, next: 1, cmd: cmd, exited: make(chan struct{})}
+	v := &VM{Dir: dir, Accel: accel, Net: cfg.Net, cfg: cfg, next: 1, cmd: cmd, exited: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
 		// Pdeathsig fires when the thread that started QEMU ends, not
@@ -304,15 +303,12 @@ func boot(ctx context.Context, im *Image, cfg Config, accel string, wait time.Du
 			return nil, fmt.Errorf("guest: taking the default route away: rc %d, %v: %s", rc, err, out)
 		}
 	}
-	cfg.Logf.printf("guest: ready under %s on %s network%s in %v (run directory %s)", strings.ToUpper(accel), cfg.Net, tapNote(tap), time.Since(t0).Round(100*time.Millisecond), dir)
-	return v, nil
-}
-
-func tapNote(tap string) string {
-	if tap == "" {
-		return ""
+	where := cfg.Net + " network"
+	if tap != "" {
+		where += " " + tap
 	}
-	return " " + tap
+	cfg.Logf.printf("guest: ready under %s on %s in %v (run directory %s)", strings.ToUpper(accel), where, time.Since(t0).Round(100*time.Millisecond), dir)
+	return v, nil
 }
 
 var taps atomic.Int32

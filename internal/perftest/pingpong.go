@@ -224,11 +224,12 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 	if err != nil {
 		return err
 	}
-	var first, last time.Time
+	// deadline: a run of a Duration's end, once the first Send is in.
+	var first, last, deadline time.Time
 	writes := 0
 	recvs0, sends0 := d.recvs, d.sends
 	for got := 0; timed || got < n; {
-		if err := d.pumpUntil(ctx, timed && got > 0, first.Add(time.Duration(end))); err != nil {
+		if err := d.pumpUntil(ctx, deadline); err != nil {
 			if errors.Is(err, errRunOver) {
 				break
 			}
@@ -239,6 +240,9 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 			last = time.Now()
 			if rc == 1 {
 				first = last
+				if timed {
+					deadline = first.Add(time.Duration(end))
+				}
 			}
 			if t := int64(last.Sub(first)); timed && t >= sampleFrom && t < sampleTo {
 				sampled++
@@ -281,10 +285,10 @@ func (d *data) sendBWServer(ctx context.Context, o *Options, client *Dest, rep *
 // errRunOver is pumpUntil's: the run's time is up.
 var errRunOver = errors.New("perftest: the run's time is up")
 
-// pumpUntil is pump, waiting for completions no later than end if bounded,
-// when it returns errRunOver (at once if end has passed).
-func (d *data) pumpUntil(ctx context.Context, bounded bool, end time.Time) error {
-	if !bounded {
+// pumpUntil is pump, waiting for completions no later than end (ever if
+// end is zero), when it returns errRunOver (at once if end has passed).
+func (d *data) pumpUntil(ctx context.Context, end time.Time) error {
+	if end.IsZero() {
 		_, err := d.pump(ctx, true)
 		return err
 	}

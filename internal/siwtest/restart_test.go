@@ -2,7 +2,6 @@ package siwtest
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -30,7 +29,7 @@ func (s *suite) guestAlive() bool {
 		defer ln.Close()
 		port = ln.Addr().(*net.TCPAddr).Port
 	}
-	check := fmt.Sprintf("timeout 10 bash -c 'exec 3<>/dev/tcp/%s/%d'", hostFromGuest, port)
+	check := guestConnect(port, 10)
 	rc, out, err := s.v.run(ctx, check, 30*time.Second)
 	if err != nil || rc != 0 {
 		s.top.Logf("the guest cannot reach the host: %s: rc %d, %v: %s", check, rc, err, strings.TrimSpace(out))
@@ -51,7 +50,7 @@ func (s *suite) restartGuest(t *testing.T) {
 	// when it was seen), its neighbours, its sockets.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, state, _ := s.v.run(ctx, fmt.Sprintf("grep eth0 /proc/net/dev; timeout 3 bash -c 'exec 3<>/dev/tcp/%s/%d'; grep eth0 /proc/net/dev; ip neigh; ss -tn", hostFromGuest, s.v.serve), 30*time.Second)
+	_, state, _ := s.v.run(ctx, "grep eth0 /proc/net/dev; "+guestConnect(s.v.serve, 3)+"; grep eth0 /proc/net/dev; ip neigh; ss -tn", 30*time.Second)
 	t.Logf("the guest's network stopped (no connection from the guest to the host after a failed run); its run directory is kept: %s. Booting the guest again. Its network:\n%s", s.v.dir, state)
 	s.v.stop()
 	s.restarts++

@@ -255,6 +255,22 @@ func guestAddrBusy(rc int, gout string) bool {
 	return rc != 0 && strings.Contains(gout, "Cannot assign requested address")
 }
 
+// rpingRC is rping's exit status, with its exit race (rpingExitRace)
+// taken for the success it came after, and said; who names the run.
+func rpingRC(t *testing.T, who string, rc int, gout string) int {
+	if rpingExitRace(rc, gout) {
+		t.Logf("guest %s exited 255 from its own shutdown race (rdma_get_cm_event: EBADF after the disconnect); its pings are checked apart", who)
+		return 0
+	}
+	return rc
+}
+
+// guestConnect is a guest command that opens a TCP connection to the
+// host's port, within secs seconds.
+func guestConnect(port, secs int) string {
+	return fmt.Sprintf("timeout %d bash -c 'exec 3<>/dev/tcp/%s/%d'", secs, hostFromGuest, port)
+}
+
 // rpingExitRace reports whether rping exited 255 from its own shutdown
 // race after a finished run: its main thread destroys the rdma_cm event
 // channel while its cm thread, back from the DISCONNECTED event, reads it
