@@ -4,7 +4,8 @@
 # makes siw0 on eth0, mounts the host's 9p share on /share, and then runs
 # the jobs the host drops into /share/jobs, one at a time, in order:
 # jobs/N.sh runs with its output in jobs/N.out and, when done, its exit
-# status in jobs/N.rc. The file jobs/stop powers the guest off.
+# status in jobs/N.rc; one that runs into its limit leaves jobs/N.stuck,
+# what its processes were doing. The file jobs/stop powers the guest off.
 #
 # A job sees $J (the jobs directory), $N (its number) and the function
 # listen_then_wait N PORT CMD..., which runs a server, touches jobs/N.listening
@@ -83,6 +84,86 @@ listen_then_wait() {
 export -f listen_then_wait
 export J
 
+# descendants PID: the processes under PID, each on a line.
+descendants() {
+  local c
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+    echo "$c"
+    descendants "$c"
+  done
+}
+
+# code_at MAPS: each hex address on standard input that lies in code (an
+# r-xp mapping of MAPS, a /proc/PID/maps) as OBJECT+OFFSET, at most 16.
+code_at() {
+  awk -v maps="$1" '
+    function hex(h,  i, n) {
+      sub(/^0x/, "", h); h = tolower(h); n = 0
+      for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789abcdef", substr(h, i, 1)) - 1
+      return n
+    }
+    BEGIN {
+      while ((getline line < maps) > 0) {
+        split(line, f, " ")
+        if (f[2] != "r-xp") continue
+        split(f[1], r, "-")
+        m++; lo[m] = hex(r[1]); hi[m] = hex(r[2]); off[m] = hex(f[3]); obj[m] = (f[6] == "" ? "?" : f[6])
+      }
+    }
+    {
+      for (w = 1; w <= NF; w++) {
+        a = hex($w)
+        for (i = 1; i <= m; i++) if (a >= lo[i] && a < hi[i]) {
+          printf "%s+0x%x\n", obj[i], a - lo[i] + off[i]
+          if (++k == 16) exit
+          break
+        }
+      }
+    }'
+}
+
+# stuck_report SECS PID: every thread under PID (the job's timeout), with
+# its state, kernel wait and stack, then, with the process stopped, its
+# system call and where it was in user space (/proc/PID/syscall gives the
+# call's number and arguments, or -1, then SP and PC; PC is shown as an
+# offset in its object, for objdump); then the guest's RDMA and TCP
+# state and siw's last words.
+stuck_report() {
+  echo "the job still ran $1 s after it began; its processes:"
+  local p tk sc pc sp
+  for p in $(descendants "$2"); do
+    [[ -d /proc/$p ]] || continue
+    echo "== pid $p: $(tr '\0' ' ' </proc/"$p"/cmdline)"
+    for tk in /proc/"$p"/task/*; do
+      echo "-- thread ${tk##*/} ($(cat "$tk"/comm)): state $(cut -d' ' -f3 "$tk"/stat), wchan $(cat "$tk"/wchan)"
+      sed 's/^/   /' "$tk"/stack
+    done
+    kill -STOP "$p" 2>/dev/null
+    for tk in /proc/"$p"/task/*; do
+      sc=$(cat "$tk"/syscall)
+      pc=${sc##* }
+      echo "-- thread ${tk##*/} stopped: syscall $sc"
+      [[ $pc == 0x* ]] || continue
+      sp=${sc% *}
+      sp=${sp##* }
+      echo "$pc" | code_at /proc/"$p"/maps | sed 's/^/   pc /'
+      # Return addresses, roughly: the words of the stack's first 2 KiB
+      # that point into code, innermost first.
+      dd if=/proc/"$p"/mem bs=8 skip=$((sp / 8)) count=256 2>/dev/null | od -An -v -tx8 |
+        code_at /proc/"$p"/maps | sed 's/^/   stack /'
+    done
+    kill -CONT "$p" 2>/dev/null
+  done
+  echo "== rdma res show qp"
+  rdma res show qp
+  echo "== rdma res show cm_id"
+  rdma res show cm_id
+  echo "== ss -tanoi"
+  ss -tanoi
+  echo "== dmesg (last 15)"
+  dmesg | tail -15
+}
+
 n=1
 while :; do
   while [[ ! -f "$J/$n.sh" ]]; do
@@ -94,7 +175,29 @@ while :; do
     sleep 0.05
   done
   t=$(sed -n '1s/^# timeout \([0-9]*\)$/\1/p' "$J/$n.sh")
-  N=$n timeout -k 5 "${t:-120}" bash "$J/$n.sh" >"$J/$n.out" 2>&1 </dev/null
-  echo $? >"$J/$n.rc.tmp" && mv "$J/$n.rc.tmp" "$J/$n.rc"
+  t=${t:-120}
+  N=$n timeout -k 5 "$t" bash "$J/$n.sh" >"$J/$n.out" 2>&1 </dev/null &
+  job=$!
+  # A job that runs into its limit leaves, a little before it, what its
+  # processes were doing in jobs/N.stuck: a rare hang says where it was
+  # without a second job, which could only run after this one. Once the
+  # report has begun it is finished (it takes seconds under TCG when the
+  # job spins).
+  (
+    trap 'kill $s 2>/dev/null; exit 0' TERM
+    lead=$((t > 30 ? t - 10 : t / 2))
+    sleep $lead &
+    s=$!
+    wait $s
+    trap '' TERM
+    stuck_report "$lead" "$job" >"$J/$n.stuck.tmp" 2>&1
+    mv "$J/$n.stuck.tmp" "$J/$n.stuck"
+  ) &
+  watch=$!
+  wait $job
+  rc=$?
+  kill $watch 2>/dev/null
+  wait $watch
+  echo $rc >"$J/$n.rc.tmp" && mv "$J/$n.rc.tmp" "$J/$n.rc"
   n=$((n + 1))
 done

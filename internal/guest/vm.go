@@ -453,3 +453,10 @@ func (j *Job) output() string {
 	}
 	return string(out)
 }
+
+// Stuck returns what the job's processes were doing a little before
+// its limit (init.sh's stuck_report), or "" for a job that ended in time.
+func (j *Job) Stuck() string {
+	b, _ := os.ReadFile(j.v.file(j.N, "stuck"))
+	return string(b)
+}

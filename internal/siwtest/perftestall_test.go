@@ -150,13 +150,17 @@ func (s *suite) perftestBothOnce(ctx context.Context, test string, gowarpServes 
 		fail("%v", err)
 		return "", "", problems
 	}
-	out, err := h.wait(ctx)
-	if err != nil {
-		fail("gowarp perftest %v: %v\n%s", gflags, err, tail([]byte(out), 3000))
+	out, herr := h.wait(ctx)
+	if herr != nil {
+		fail("gowarp perftest %v: %v\n%s", gflags, herr, tail([]byte(out), 3000))
 	}
 	rc, gout, err := job.wait(ctx)
 	if err != nil || rc != 0 {
 		fail("guest ib_%s %v server: rc %d, %v\n%s", test, pflags, rc, err, tail([]byte(gout), 3000))
+		if herr == nil {
+			// gowarp's steps, timed, against which to read the guest's.
+			fail("gowarp perftest %v, which ended well:\n%s", gflags, tail([]byte(out), 3000))
+		}
 	}
 	return out, gout, problems
 }
