@@ -47,6 +47,11 @@ func runPair(t *testing.T, so, co Options, via func(addr string) string) (cr *Re
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	if so.CloseWait == 0 {
+		// Both sides are gowarp's: the client closes when the server
+		// does, and the wait for a siw client would only slow the tests.
+		so.CloseWait = -1
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -520,6 +525,24 @@ func TestLoopbackDurationLatency(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDurationWriteLatLaterPeer: a write_lat server whose duration ends
+// after its client's finds the connection up until its own end, as siw's
+// needs (the client waited for the server's close; it had closed at its
+// own end, and a siw server that then posted its reply never saw it
+// complete). Before, the server here failed: its peer went early.
+func TestDurationWriteLatLaterPeer(t *testing.T) {
+	so := Options{Test: WriteLat, Size: 64, Duration: 2 * time.Second, Connect: gowarp.ConnectOptions{NoP2P: true}}
+	co := so
+	co.Duration = time.Second
+	cr, cerr, sr, serr := runPair(t, so, co, nil)
+	if cerr != nil || serr != nil {
+		t.Fatalf("client: %v; server: %v", cerr, serr)
+	}
+	if cr.Lat.Iters == 0 || sr.Lat.Iters == 0 {
+		t.Errorf("the client counted %d round trips, the server %d: want some each", cr.Lat.Iters, sr.Lat.Iters)
 	}
 }
 
