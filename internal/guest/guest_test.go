@@ -164,4 +164,35 @@ func testGuest(ctx context.Context, t *testing.T, im *Image, netw string) {
 	if rc, out, err := j.Wait(ctx); rc != 0 || err != nil {
 		t.Errorf("guest server: rc %d, %v: %s", rc, err, out)
 	}
+
+	if netw == NetUser {
+		testStuck(ctx, t, v)
+	}
+}
+
+// testStuck: a job that runs into its limit leaves a report of what its
+// processes were doing (init.sh's stuck_report); one that ends in time,
+// however late, leaves none.
+func testStuck(ctx context.Context, t *testing.T, v *VM) {
+	j, err := v.Submit("sleep 6", 10*time.Second) // the report is written at 5 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, out, err := j.Wait(ctx); rc != 0 || err != nil || j.Stuck() != "" {
+		t.Errorf("a job that ended in time: rc %d, %v, %q; report:\n%s", rc, err, out, j.Stuck())
+	}
+	j, err = v.Submit("bash -c 'while :; do :; done' & sleep 100", 8*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, _, err := j.Wait(ctx)
+	st := j.Stuck()
+	for _, want := range []string{"== pid ", "sleep 100", "state R", "hrtimer_nanosleep", "stopped: syscall 230 ", "pc /usr/bin/bash+0x", "== rdma res show qp", "== ss -tanoi"} {
+		if !strings.Contains(st, want) {
+			t.Errorf("a job stuck at its limit (rc %d, %v): its report lacks %q:\n%s", rc, err, want, st)
+		}
+	}
+	if rc != 124 {
+		t.Errorf("a job stuck at its limit: rc %d, want 124", rc)
+	}
 }

@@ -198,6 +198,9 @@ while :; do
   rc=$?
   kill $watch 2>/dev/null
   wait $watch
+  # A job that ended by itself, however late, was not stuck (timeout's
+  # statuses: 124, or 137 when it had to kill).
+  [[ $rc == 124 || $rc == 137 ]] || rm -f "$J/$n.stuck"
   echo $rc >"$J/$n.rc.tmp" && mv "$J/$n.rc.tmp" "$J/$n.rc"
   n=$((n + 1))
 done
