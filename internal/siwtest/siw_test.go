@@ -65,7 +65,7 @@ func TestSIW(t *testing.T) {
 		// s.v: the guest may have been restarted (restartGuest).
 		s.v.stop()
 		if t.Failed() || s.restarts > 0 {
-			t.Logf("guest run directory kept for a look: %s (console.log, share/jobs/N.{sh,out,err,rc}, share/dmesg.txt)", s.v.dir)
+			t.Logf("guest run directory kept for a look: %s (console.log, share/jobs/N.{sh,out,err,rc,stuck}, share/dmesg.txt)", s.v.dir)
 		} else if !s.v.attached {
 			os.RemoveAll(s.v.dir)
 		}
