@@ -181,18 +181,23 @@ func testStuck(ctx context.Context, t *testing.T, v *VM) {
 	if rc, out, err := j.Wait(ctx); rc != 0 || err != nil || j.Stuck() != "" {
 		t.Errorf("a job that ended in time: rc %d, %v, %q; report:\n%s", rc, err, out, j.Stuck())
 	}
-	j, err = v.Submit("bash -c 'while :; do :; done' & sleep 100", 8*time.Second)
+	// The report begins at half the limit: under TCG, with the job
+	// spinning, it takes seconds.
+	j, err = v.Submit("bash -c 'while :; do :; done' & sleep 100", 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rc, _, err := j.Wait(ctx)
 	st := j.Stuck()
-	for _, want := range []string{"== pid ", "sleep 100", "state R", "hrtimer_nanosleep", "stopped: syscall 230 ", "pc /usr/bin/bash+0x", "== rdma res show qp", "== ss -tanoi"} {
+	for _, want := range []string{"== pid ", "sleep 100", "state R", "hrtimer_nanosleep", ", stopped", ": syscall 230 ", "pc /usr/bin/bash+0x", "== rdma res show qp", "== ss -tanoi"} {
 		if !strings.Contains(st, want) {
 			t.Errorf("a job stuck at its limit (rc %d, %v): its report lacks %q:\n%s", rc, err, want, st)
 		}
 	}
 	if rc != 124 {
 		t.Errorf("a job stuck at its limit: rc %d, want 124", rc)
+	}
+	if err == nil || !strings.Contains(err.Error(), "ran into its limit") || !strings.Contains(err.Error(), "sleep 100") {
+		t.Errorf("a job stuck at its limit: Wait's error %v does not carry its report", err)
 	}
 }

@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -433,11 +434,16 @@ func (v *VM) pause(ctx context.Context) error {
 }
 
 // Wait waits for the job to end and returns its exit status and output:
-// standard output, then what went to Stderr.
+// standard output, then what went to Stderr. A job that ran into its
+// limit returns an error that carries Stuck's report: the hangs met were
+// rare, and each needs it to be explained.
 func (j *Job) Wait(ctx context.Context) (int, string, error) {
 	for {
 		if b, err := os.ReadFile(j.v.file(j.N, "rc")); err == nil {
 			rc, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if st := j.Stuck(); st != "" {
+				err = errors.Join(err, fmt.Errorf("guest job %d ran into its limit; a little before it:\n%s", j.N, st))
+			}
 			return rc, j.output(), err
 		}
 		if err := j.v.pause(ctx); err != nil {

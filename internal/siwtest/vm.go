@@ -169,16 +169,7 @@ func (v *vm) stop() { v.Stop() }
 // guestJob is one job in the guest.
 type guestJob struct{ *guest.Job }
 
-// wait waits for the job. A job that ran into its limit returns an error
-// that says what its processes were doing then (guest.Job.Stuck): the
-// hangs the suite met were rare, and each needs that to be explained.
-func (j *guestJob) wait(ctx context.Context) (int, string, error) {
-	rc, out, err := j.Wait(ctx)
-	if st := j.Stuck(); st != "" {
-		err = errors.Join(err, fmt.Errorf("guest job %d ran into its limit; a little before it:\n%s", j.N, st))
-	}
-	return rc, out, err
-}
+func (j *guestJob) wait(ctx context.Context) (int, string, error) { return j.Wait(ctx) }
 
 // stderr sends a guest command's standard error to the job's own file
 // (see guest.Stderr).
@@ -193,11 +184,7 @@ func (v *vm) server(ctx context.Context, port int, cmd string, timeout time.Dura
 
 // run runs a job and waits for it.
 func (v *vm) run(ctx context.Context, script string, timeout time.Duration) (int, string, error) {
-	j, err := v.Submit(script, timeout)
-	if err != nil {
-		return -1, "", err
-	}
-	return (&guestJob{j}).wait(ctx)
+	return v.Run(ctx, script, timeout)
 }
 
 // dmesg returns the guest's kernel log lines that mention pattern.
