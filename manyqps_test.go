@@ -385,37 +385,7 @@ func benchManyTCP(b *testing.B, n int) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r := readers[i]
-				write := make([]byte, hdr+size)
-				write[0] = 'W'
-				read := make([]byte, hdr)
-				read[0] = 'R'
-				answer := make([]byte, size)
-				reads, k := 0, 0 // Reads in flight, operations posted
-				for {
-					// Writes are done once written; a Read holds its
-					// place in the window until its answer is read.
-					for reads < depth && left.Add(-1) >= 0 {
-						m := write
-						if k&1 == 1 {
-							m = read
-							reads++
-						}
-						k++
-						if _, err := c.Write(m); err != nil {
-							failed.Store(err)
-							return
-						}
-					}
-					if reads == 0 {
-						return
-					}
-					if _, err := io.ReadFull(r, answer); err != nil {
-						failed.Store(err)
-						return
-					}
-					reads--
-				}
+				manyTCPClient(c, readers[i], &left, &failed)
 			}()
 		}
 		wg.Wait()
@@ -423,6 +393,49 @@ func benchManyTCP(b *testing.B, n int) {
 	// Warm-up, untimed, as BenchmarkManyQPs's: the sockets' buffers and
 	// the heap grow to their steady size before the timer starts.
 	measureMany(b, 16*depth*n, &left, &failed, run)
+}
+
+// manyTCPClient is the client of BenchmarkManyTCP's connection c, read
+// through r: it keeps eight operations in flight, alternately a Write (a
+// 4 KiB message, done once written, as a Write completes once sent) and
+// a Read (a 16-byte request, done when its 4 KiB answer is read), until
+// left runs out.
+func manyTCPClient(c net.Conn, r *bufio.Reader, left *atomic.Int64, failed *atomic.Value) {
+	const (
+		size  = 4 << 10
+		depth = 8
+		hdr   = 16
+	)
+	write := make([]byte, hdr+size)
+	write[0] = 'W'
+	read := make([]byte, hdr)
+	read[0] = 'R'
+	answer := make([]byte, size)
+	reads, k := 0, 0 // Reads in flight, operations posted
+	for {
+		// Writes are done once written; a Read holds its place in the
+		// window until its answer is read.
+		for reads < depth && left.Add(-1) >= 0 {
+			m := write
+			if k&1 == 1 {
+				m = read
+				reads++
+			}
+			k++
+			if _, err := c.Write(m); err != nil {
+				failed.Store(err)
+				return
+			}
+		}
+		if reads == 0 {
+			return
+		}
+		if _, err := io.ReadFull(r, answer); err != nil {
+			failed.Store(err)
+			return
+		}
+		reads--
+	}
 }
 
 // benchNs returns the queue pair counts BenchmarkManyQPs and
