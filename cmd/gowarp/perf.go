@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,7 @@ write_lat, read_lat, send_lat and tcp_lat at 8 bytes, 1 s each.
   gowarp perf -server :7174          serve until interrupted
   gowarp perf -client host:7174      run the tests against it
   gowarp perf -sweep -plot perf.svg  every test from 2 B to 1 MiB, drawn as curves
+  gowarp perf -rounds 8              the tests 8 times over, then medians and ratios to TCP
 
 The plain-TCP tests (tcp_bw, tcp_lat) use the port after ADDR's (7175
 above); the server listens on both.
@@ -55,6 +57,7 @@ type perfConfig struct {
 	sweep    bool
 	duration time.Duration
 	iters    int
+	rounds   int
 	depth    int
 	qps      int
 	signal   int
@@ -77,6 +80,7 @@ func perfFlags(stderr io.Writer) (*flag.FlagSet, *perfConfig) {
 	fs.BoolVar(&c.sweep, "sweep", false, "run every size from 2 B to 1 MiB in powers of two")
 	fs.DurationVar(&c.duration, "duration", time.Second, "length of each run (200ms per size with -sweep unless given)")
 	fs.IntVar(&c.iters, "iters", 0, "run `N` messages or round trips instead of a -duration")
+	fs.IntVar(&c.rounds, "rounds", 1, "run the tests `N` times, every other time in reverse order, and end with each one's median\nand its ratio to plain TCP's within a round (a host's speed drifts, and runs moments apart drift least)")
 	fs.IntVar(&c.qps, "qps", 1, "run each bandwidth test on `N` connections at once, each with its own QP, CQ and waiting goroutine, and report their aggregate")
 	fs.IntVar(&c.depth, "depth", perf.DefaultDepth, "work requests bandwidth tests keep outstanding (128 was the best overall on loopback)")
 	fs.IntVar(&c.signal, "signal", 0, "bandwidth tests signal every `N`th work request (0: depth/4)")
@@ -180,6 +184,12 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail("need a positive -duration or -iters")
 	case c.plot != "" && c.server != "":
 		return fail("-plot draws a client's results; not with -server")
+	case c.rounds < 1:
+		return fail("-rounds %d: want 1 or more", c.rounds)
+	case c.rounds > 1 && c.plot != "":
+		return fail("-plot draws one run's results; not with -rounds")
+	case c.rounds > 1 && c.server != "":
+		return fail("-rounds is the client's; not with -server")
 	}
 	stop, err := startProfiles(c.cpuprof, c.trace)
 	if err != nil {
@@ -240,34 +250,66 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	enc := json.NewEncoder(stdout)
 	failed := 0
 	var results []perf.Result
-	prog.setTotal(len(runs))
-	for i, r := range runs {
-		prog.begin(i+1, fmt.Sprintf("%s %s", r.test, sizeName(r.size)))
-		o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,
-			Iters: c.iters, Duration: c.duration}
-		var res perf.Result
-		var err error
-		if c.qps > 1 && r.test.Bandwidth() && !r.test.TCP() {
-			res, err = client.RunParallel(ctx, r.test, o, c.qps)
-		} else {
-			res, err = client.Run(ctx, r.test, o)
+	var rounds [][]perf.Result
+	prog.setTotal(len(runs) * c.rounds)
+	for round := 1; round <= c.rounds; round++ {
+		order := runs
+		if round%2 == 0 {
+			// Every other round backwards: each test is bracketed by the
+			// others, so a drifting host weighs on them alike.
+			order = slices.Clone(runs)
+			slices.Reverse(order)
 		}
-		if err != nil {
-			if ctx.Err() != nil {
-				prog.print(func() { fmt.Fprintln(stderr, "gowarp perf: interrupted") })
-				return exitFailure
+		if c.rounds > 1 && !c.json {
+			prog.print(func() { fmt.Fprintf(stdout, "# round %d of %d\n", round, c.rounds) })
+		}
+		var these []perf.Result
+		for i, r := range order {
+			prog.begin((round-1)*len(runs)+i+1, fmt.Sprintf("%s %s", r.test, sizeName(r.size)))
+			o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,
+				Iters: c.iters, Duration: c.duration}
+			var res perf.Result
+			var err error
+			if c.qps > 1 && r.test.Bandwidth() && !r.test.TCP() {
+				res, err = client.RunParallel(ctx, r.test, o, c.qps)
+			} else {
+				res, err = client.Run(ctx, r.test, o)
 			}
-			prog.print(func() { fmt.Fprintf(stderr, "gowarp perf: %v\n", err) })
-			failed++
-			continue
+			if err != nil {
+				if ctx.Err() != nil {
+					prog.print(func() { fmt.Fprintln(stderr, "gowarp perf: interrupted") })
+					return exitFailure
+				}
+				prog.print(func() { fmt.Fprintf(stderr, "gowarp perf: %v\n", err) })
+				failed++
+				continue
+			}
+			if c.rounds > 1 {
+				res.Round = round
+			}
+			these = append(these, res)
+			prog.print(func() {
+				if c.json {
+					enc.Encode(res)
+				} else {
+					perf.WriteTableRow(stdout, res)
+				}
+			})
 		}
-		results = append(results, res)
+		results = append(results, these...)
+		rounds = append(rounds, these)
+	}
+	if c.rounds > 1 {
+		ss := perf.Summarize(rounds)
 		prog.print(func() {
 			if c.json {
-				enc.Encode(res)
-			} else {
-				perf.WriteTableRow(stdout, res)
+				for _, s := range ss {
+					enc.Encode(s)
+				}
+				return
 			}
+			fmt.Fprintf(stdout, "# medians of %d rounds\n", c.rounds)
+			perf.WriteSummaries(stdout, ss)
 		})
 	}
 	prog.close()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"os"
@@ -155,6 +156,62 @@ func TestPerfDefaultTable(t *testing.T) {
 	}
 }
 
+// TestPerfRounds: -rounds runs the tests again, every other round
+// backwards, marks each result with its round, and ends with a summary
+// per test whose ratios are taken within each round.
+func TestPerfRounds(t *testing.T) {
+	code, out, errs := runCmd(t, context.Background(), "perf", "-json", "-rounds", "3", "-iters", "50", "-test", "write_lat,tcp_lat,read_lat")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var got []string
+	sums := map[string]map[string]any{}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if m["summary"] == true {
+			sums[m["test"].(string)] = m
+			continue
+		}
+		got = append(got, fmt.Sprintf("%v %v", m["round"], m["test"]))
+	}
+	want := []string{"1 write_lat", "1 tcp_lat", "1 read_lat", "2 read_lat", "2 tcp_lat", "2 write_lat", "3 write_lat", "3 tcp_lat", "3 read_lat"}
+	if !slices.Equal(got, want) {
+		t.Errorf("runs %v, want %v", got, want)
+	}
+	for name, base := range map[string]string{"write_lat": "tcp_lat", "read_lat": "2 × tcp_lat", "tcp_lat": ""} {
+		s := sums[name]
+		if s == nil || s["rounds"] != 3.0 || s["unit"] != "us_p50" || s["median"].(float64) <= 0 {
+			t.Errorf("%s: summary %v", name, s)
+			continue
+		}
+		if base == "" {
+			if _, ok := s["ratio_to_tcp"]; ok {
+				t.Errorf("%s: a ratio to itself: %v", name, s)
+			}
+			continue
+		}
+		r, lo, hi := s["ratio_to_tcp"].(float64), s["ratio_min"].(float64), s["ratio_max"].(float64)
+		if s["ratio_base"] != base || s["ratio_rounds"] != 3.0 || !(0 < lo && lo <= r && r <= hi) {
+			t.Errorf("%s: summary %v", name, s)
+		}
+	}
+
+	// The table: a line per round, and the summary's.
+	code, out, errs = runCmd(t, context.Background(), "perf", "-rounds", "2", "-iters", "20", "-test", "write_bw,tcp_bw", "-size", "4K", "-depth", "8")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, s := range []string{"# round 1 of 2\n", "# round 2 of 2\n", "# medians of 2 rounds\n", "] × tcp_bw\n"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q:\n%s", s, out)
+		}
+	}
+}
+
 func TestPerfSweep(t *testing.T) {
 	code, out, errs := runCmd(t, context.Background(), "perf", "-json", "-sweep", "-iters", "2", "-test", "read_lat")
 	if code != 0 {
@@ -182,6 +239,9 @@ func TestPerfBadUsage(t *testing.T) {
 		{[]string{"perf", "-qps", "0"}, 2, "-qps 0"},
 		{[]string{"perf", "-busy-poll", "-1us"}, 2, "-busy-poll -1µs"},
 		{[]string{"perf", "extra"}, 2, "unexpected arguments"},
+		{[]string{"perf", "-rounds", "0"}, 2, "-rounds 0"},
+		{[]string{"perf", "-rounds", "2", "-plot", "x.svg"}, 2, "not with -rounds"},
+		{[]string{"perf", "-rounds", "2", "-server", ":1"}, 2, "not with -server"},
 		{[]string{"perf", "-help"}, 0, "port after ADDR"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{[]string{"help"}, 0, "perf"},

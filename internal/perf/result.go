@@ -29,6 +29,10 @@ type Result struct {
 	// Transport is the link the run's connection got (TCP for the
 	// plain-TCP tests).
 	Transport gowarp.Transport
+
+	// Round is the round of a run of several (gowarp perf -rounds),
+	// from 1; 0 for a single run.
+	Round int
 }
 
 func bandwidthResult(t Test, size, iters int, elapsed time.Duration) Result {
@@ -76,6 +80,7 @@ type bwJSON struct {
 	MBps      float64 `json:"bw_MBps"`
 	Mpps      float64 `json:"msg_rate_Mpps"`
 	Transport string  `json:"transport"`
+	Round     int     `json:"round,omitempty"`
 }
 
 type latJSON struct {
@@ -87,6 +92,7 @@ type latJSON struct {
 	P50       float64 `json:"lat_us_p50"`
 	P99       float64 `json:"lat_us_p99"`
 	Transport string  `json:"transport"`
+	Round     int     `json:"round,omitempty"`
 }
 
 func round(x float64, digits int) float64 {
@@ -97,13 +103,13 @@ func round(x float64, digits int) float64 {
 // MarshalJSON encodes a bandwidth result as {test, size, iters, bw_MBps,
 // msg_rate_Mpps, transport} and a latency result as {test, size, iters,
 // lat_us_min, lat_us_avg, lat_us_p50, lat_us_p99, transport}; transport
-// is "tcp" or "shm".
+// is "tcp" or "shm". A result of a round of several has its round too.
 func (r Result) MarshalJSON() ([]byte, error) {
 	if r.Test.Bandwidth() {
-		return json.Marshal(bwJSON{r.Test.String(), r.Size, r.Iters, round(r.MBps, 2), round(r.Mpps, 6), r.Transport.String()})
+		return json.Marshal(bwJSON{r.Test.String(), r.Size, r.Iters, round(r.MBps, 2), round(r.Mpps, 6), r.Transport.String(), r.Round})
 	}
 	return json.Marshal(latJSON{r.Test.String(), r.Size, r.Iters,
-		round(r.LatMin, 3), round(r.LatAvg, 3), round(r.LatP50, 3), round(r.LatP99, 3), r.Transport.String()})
+		round(r.LatMin, 3), round(r.LatAvg, 3), round(r.LatP50, 3), round(r.LatP99, 3), r.Transport.String(), r.Round})
 }
 
 // WriteTableHeader writes the header of the table WriteTableRow fills.
