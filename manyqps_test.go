@@ -315,6 +315,14 @@ func benchManyQPsShared(b *testing.B, n int) {
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
 
+// BenchmarkManyTCP's messages: a 4 KiB operation, eight in flight per
+// connection, each after a header of 16 bytes whose first says which.
+const (
+	tcpOpSize = 4 << 10
+	tcpDepth  = 8
+	tcpHdr    = 16
+)
+
 // BenchmarkManyTCP is BenchmarkManyQPs's load on plain TCP, to tell what
 // of its fall with N is the kernel's: N loopback connections, each client
 // goroutine keeping eight 4 KiB operations in flight, alternately a Write
@@ -329,11 +337,6 @@ func BenchmarkManyTCP(b *testing.B) {
 }
 
 func benchManyTCP(b *testing.B, n int) {
-	const (
-		size  = 4 << 10
-		depth = 8
-		hdr   = 16
-	)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -348,34 +351,41 @@ func benchManyTCP(b *testing.B, n int) {
 			go func() { // the server side: store Writes, answer Reads
 				defer c.Close()
 				r := bufio.NewReaderSize(c, 64<<10)
-				msg := make([]byte, hdr+size)
+				msg := make([]byte, tcpHdr+tcpOpSize)
 				for {
-					if _, err := io.ReadFull(r, msg[:hdr]); err != nil {
+					if _, err := io.ReadFull(r, msg[:tcpHdr]); err != nil {
 						return
 					}
 					if msg[0] == 'W' {
-						if _, err := io.ReadFull(r, msg[hdr:]); err != nil {
+						if _, err := io.ReadFull(r, msg[tcpHdr:]); err != nil {
 							return
 						}
 						continue
 					}
-					if _, err := c.Write(msg[hdr:]); err != nil {
+					if _, err := c.Write(msg[tcpHdr:]); err != nil {
 						return
 					}
 				}
 			}()
 		}
 	}()
+	measureManyTCP(b, ln.Addr().String(), n)
+}
+
+// measureManyTCP dials n connections to the BenchmarkManyTCP server at
+// addr and measures their clients (manyTCPClient) as measureMany does,
+// after an untimed warm-up, as BenchmarkManyQPs's: the sockets' buffers
+// and the heap grow to their steady size before the timer starts.
+func measureManyTCP(b *testing.B, addr string, n int) {
 	conns := make([]net.Conn, n)
+	readers := make([]*bufio.Reader, n)
 	for i := range conns {
-		if conns[i], err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
 			b.Fatal(err)
 		}
-		defer conns[i].Close()
-	}
-	readers := make([]*bufio.Reader, n)
-	for i, c := range conns {
-		readers[i] = bufio.NewReaderSize(c, 64<<10)
+		defer c.Close()
+		conns[i], readers[i] = c, bufio.NewReaderSize(c, 64<<10)
 	}
 	var left atomic.Int64
 	var failed atomic.Value
@@ -390,9 +400,7 @@ func benchManyTCP(b *testing.B, n int) {
 		}
 		wg.Wait()
 	}
-	// Warm-up, untimed, as BenchmarkManyQPs's: the sockets' buffers and
-	// the heap grow to their steady size before the timer starts.
-	measureMany(b, 16*depth*n, &left, &failed, run)
+	measureMany(b, 16*tcpDepth*n, &left, &failed, run)
 }
 
 // manyTCPClient is the client of BenchmarkManyTCP's connection c, read
@@ -401,21 +409,16 @@ func benchManyTCP(b *testing.B, n int) {
 // a Read (a 16-byte request, done when its 4 KiB answer is read), until
 // left runs out.
 func manyTCPClient(c net.Conn, r *bufio.Reader, left *atomic.Int64, failed *atomic.Value) {
-	const (
-		size  = 4 << 10
-		depth = 8
-		hdr   = 16
-	)
-	write := make([]byte, hdr+size)
+	write := make([]byte, tcpHdr+tcpOpSize)
 	write[0] = 'W'
-	read := make([]byte, hdr)
+	read := make([]byte, tcpHdr)
 	read[0] = 'R'
-	answer := make([]byte, size)
+	answer := make([]byte, tcpOpSize)
 	reads, k := 0, 0 // Reads in flight, operations posted
 	for {
 		// Writes are done once written; a Read holds its place in the
 		// window until its answer is read.
-		for reads < depth && left.Add(-1) >= 0 {
+		for reads < tcpDepth && left.Add(-1) >= 0 {
 			m := write
 			if k&1 == 1 {
 				m = read

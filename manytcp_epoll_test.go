@@ -3,12 +3,10 @@
 package gowarp_test
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -38,11 +36,6 @@ type epConn struct {
 }
 
 func benchManyTCPEpoll(b *testing.B, n int) {
-	const (
-		size  = 4 << 10
-		depth = 8
-		hdr   = 16
-	)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -109,7 +102,7 @@ func benchManyTCPEpoll(b *testing.B, n int) {
 	go func() { // the event loop: store Writes, answer Reads
 		defer served.Done()
 		evs := make([]unix.EpollEvent, 128)
-		answer := make([]byte, size)
+		answer := make([]byte, tcpOpSize)
 		for {
 			var k int
 			var werr error
@@ -130,15 +123,15 @@ func benchManyTCPEpoll(b *testing.B, n int) {
 						break // EAGAIN: drained; or closed, seen by the client
 					}
 					c.w += m
-					for c.w-c.r >= hdr {
+					for c.w-c.r >= tcpHdr {
 						if c.buf[c.r] == 'W' {
-							if c.w-c.r < hdr+size {
+							if c.w-c.r < tcpHdr+tcpOpSize {
 								break
 							}
-							c.r += hdr + size
+							c.r += tcpHdr + tcpOpSize
 							continue
 						}
-						c.r += hdr
+						c.r += tcpHdr
 						if _, err := c.c.Write(answer); err != nil {
 							return
 						}
@@ -149,29 +142,5 @@ func benchManyTCPEpoll(b *testing.B, n int) {
 			}
 		}
 	}()
-	cs := make([]net.Conn, n)
-	for i := range cs {
-		if cs[i], err = net.Dial("tcp", ln.Addr().String()); err != nil {
-			b.Fatal(err)
-		}
-		defer cs[i].Close()
-	}
-	var left atomic.Int64
-	var failed atomic.Value
-	var wg sync.WaitGroup
-	readers := make([]*bufio.Reader, n)
-	for i, c := range cs {
-		readers[i] = bufio.NewReaderSize(c, 64<<10)
-	}
-	run := func() {
-		for i, c := range cs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				manyTCPClient(c, readers[i], &left, &failed)
-			}()
-		}
-		wg.Wait()
-	}
-	measureMany(b, 16*depth*n, &left, &failed, run)
+	measureManyTCP(b, ln.Addr().String(), n)
 }
