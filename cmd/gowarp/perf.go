@@ -249,7 +249,6 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	enc := json.NewEncoder(stdout)
 	failed := 0
-	var results []perf.Result
 	var rounds [][]perf.Result
 	prog.setTotal(len(runs) * c.rounds)
 	for round := 1; round <= c.rounds; round++ {
@@ -266,15 +265,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		var these []perf.Result
 		for i, r := range order {
 			prog.begin((round-1)*len(runs)+i+1, fmt.Sprintf("%s %s", r.test, sizeName(r.size)))
-			o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,
-				Iters: c.iters, Duration: c.duration}
-			var res perf.Result
-			var err error
-			if c.qps > 1 && r.test.Bandwidth() && !r.test.TCP() {
-				res, err = client.RunParallel(ctx, r.test, o, c.qps)
-			} else {
-				res, err = client.Run(ctx, r.test, o)
-			}
+			res, err := c.runOne(ctx, client, r)
 			if err != nil {
 				if ctx.Err() != nil {
 					prog.print(func() { fmt.Fprintln(stderr, "gowarp perf: interrupted") })
@@ -296,7 +287,6 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 				}
 			})
 		}
-		results = append(results, these...)
 		rounds = append(rounds, these)
 	}
 	if c.rounds > 1 {
@@ -317,7 +307,7 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		title := fmt.Sprintf("gowarp perf %s\n%s, MPA rev %d, CRC %s; %s, %d CPUs, %s/%s",
 			strings.Join(args, " "), plotWhere, c.conn.MPARevision, onOff(c.conn.CRC),
 			time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
-		if err := writePlot(c.plot, plotFormat, results, title); err != nil {
+		if err := writePlot(c.plot, plotFormat, slices.Concat(rounds...), title); err != nil {
 			fmt.Fprintf(stderr, "gowarp perf: %v\n", err)
 			return exitFailure
 		}
@@ -329,6 +319,16 @@ func perfMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitFailure
 	}
 	return exitOK
+}
+
+// runOne runs one test at one size as the flags say.
+func (c *perfConfig) runOne(ctx context.Context, client *perf.Client, r run) (perf.Result, error) {
+	o := perf.Options{ConnOptions: c.conn, Size: r.size, Depth: c.depth, SignalEvery: c.signal, PostList: c.postList,
+		Iters: c.iters, Duration: c.duration}
+	if c.qps > 1 && r.test.Bandwidth() && !r.test.TCP() {
+		return client.RunParallel(ctx, r.test, o, c.qps)
+	}
+	return client.Run(ctx, r.test, o)
 }
 
 func writePlot(name, format string, results []perf.Result, title string) error {
